@@ -1,0 +1,49 @@
+"""rayaccel: make Ray accelerator-aware.
+
+The public surface is listed in ``__all__``. Heavy parts (the Ray layer, vendor
+libraries) are imported lazily on first use, so ``import rayaccel`` stays cheap
+and never fails because a vendor library or driver is absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import RayaccelError
+from .topology import Device, Link, MigProfile, Nic, NodeTopology, Partition
+
+__version__ = "0.1.0"
+
+# name -> module that defines it (imported on first access)
+_LAZY = {
+    "load_topology": "rayaccel.discovery",
+    "discover": "rayaccel.discovery",
+}
+
+__all__ = sorted(
+    [
+        "Device",
+        "Link",
+        "MigProfile",
+        "Nic",
+        "NodeTopology",
+        "Partition",
+        "RayaccelError",
+        "__version__",
+        *_LAZY,
+    ]
+)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'rayaccel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

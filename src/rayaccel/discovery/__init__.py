@@ -1,0 +1,16 @@
+"""Discovery: find out what accelerators a node has and how they are wired.
+
+* :mod:`.registry` -- the :class:`Backend` protocol and the registry fed by the
+  ``rayaccel.backends`` entry-point group (built-ins go through the same path).
+* :mod:`.nvidia`, :mod:`.amd`, :mod:`.simulated` -- the built-in backends.
+* :mod:`.fakenvml` -- a public fake NVML answering nvidia-ml-py's calls from a topology.
+* :mod:`.capture` -- importers of text captures (``nvidia-smi topo -m`` and friends).
+* :mod:`.load` -- :func:`load_topology`: a catalog name, a topology JSON file or text captures.
+"""
+
+from __future__ import annotations
+
+from .load import load_topology
+from .registry import Backend, BackendInfo, backends, discover, get_backend, register_backend
+
+__all__ = ["Backend", "BackendInfo", "backends", "discover", "get_backend", "load_topology", "register_backend"]

@@ -1,0 +1,618 @@
+"""The topology model: what accelerators a node has and how they are wired.
+
+Pure data, stdlib only. Everything above this layer (discovery, placement, the
+Ray layer, the CLI) speaks these types.
+
+* :class:`Device`     one accelerator (GPU, APU, Trainium/Inferentia device)
+* :class:`Partition`  one MIG instance carved out of a device
+* :class:`MigProfile` one row of a device's MIG GPU-instance profile table
+* :class:`Link`       how two devices are connected (``kind`` + lane ``count`` +
+  the PCIe path class between them)
+* :class:`Nic`        a network interface and its PCIe path class to each device
+* :class:`NodeTopology` all of the above for one node, with JSON I/O
+
+Link bandwidths are *modeled* from one table (:data:`LANE_BANDWIDTH_GBPS` and
+:data:`PCIE_BANDWIDTH_GBPS`), per direction, in GB/s. Unknown values are
+``None`` here; display placeholders belong to the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from .errors import TopologyError
+
+SCHEMA = "rayaccel.topology/1"
+
+#: Direct device-to-device link kinds (each lane counted in ``Link.count``).
+DIRECT_KINDS = ("nvlink", "xgmi", "neuronlink")
+#: All link kinds.
+LINK_KINDS = DIRECT_KINDS + ("pcie",)
+#: PCIe path classes, best first, as ``nvidia-smi topo -m`` names them.
+PCIE_CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
+HEALTH_STATES = ("ok", "degraded", "failed", "unknown")
+
+#: Modeled per-direction bandwidth of one lane of a direct link, GB/s.
+#: NVLink gens 2-4 run 25 GB/s per link per direction (V100: 6 links = 300 GB/s
+#: bidirectional; A100: 12 = 600; H100/H200: 18 = 900). One AMD Infinity Fabric
+#: (xGMI) link is 50 GB/s (ROCm MI250 architecture doc). A NeuronLink-v2 lane is
+#: modeled at 48 GB/s.
+LANE_BANDWIDTH_GBPS: dict[str, float] = {"nvlink": 25.0, "xgmi": 50.0, "neuronlink": 48.0}
+
+#: Modeled per-direction peer-to-peer bandwidth over PCIe, by path class, GB/s
+#: (PCIe Gen4 x16 is ~32 GB/s per direction; ~80% is reached through one switch,
+#: less through host bridges and much less across the CPU interconnect).
+PCIE_BANDWIDTH_GBPS: dict[str, float] = {"PIX": 24.0, "PXB": 22.0, "PHB": 18.0, "NODE": 14.0, "SYS": 10.0}
+
+#: Bandwidth used for a pair of devices with no link record at all, GB/s.
+UNKNOWN_PAIR_BANDWIDTH_GBPS = PCIE_BANDWIDTH_GBPS["SYS"]
+
+_RDMA_NIC_PREFIXES = ("mlx", "efa", "bnxt_re", "irdma", "ionic", "qedr", "hfi", "rdma")
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One MIG GPU-instance profile of a device (a row of ``nvidia-smi mig -lgipp``).
+
+    Attributes:
+        name: e.g. ``"3g.40gb"``. id: NVML profile id (e.g. 9).
+        max_instances: how many instances of this profile fit on an empty GPU.
+        memory_mib: memory of one instance, MiB.
+        placements: allowed start slots (memory slices, out of 8).
+        slots: slices one instance occupies. sms: streaming multiprocessors, or None.
+    """
+
+    name: str
+    id: int
+    max_instances: int
+    memory_mib: int | None
+    placements: tuple[int, ...]
+    slots: int
+    sms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One MIG instance on a device.
+
+    Attributes:
+        parent: index of the device it lives on. profile: e.g. ``"1g.10gb"``.
+        uuid: ``"MIG-..."`` or None. gi_id / ci_id: GPU / compute instance ids.
+        start / size: placement in memory slices. memory_bytes, sms: when known.
+    """
+
+    parent: int
+    profile: str
+    uuid: str | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    start: int | None = None
+    size: int | None = None
+    memory_bytes: int | None = None
+    sms: int | None = None
+
+    @property
+    def key(self) -> str:
+        """A node-unique name: ``"<parent>:mig<gi_id>"`` (or ``:uuid`` when no id)."""
+        if self.gi_id is not None:
+            return f"{self.parent}:mig{self.gi_id}"
+        return f"{self.parent}:{self.uuid or self.profile}"
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One accelerator.
+
+    Attributes:
+        index: the vendor's device index on this node (0-based).
+        vendor: ``"nvidia"``, ``"amd"``, ``"aws"``, ``"intel"`` ...
+        model: marketing name, e.g. ``"NVIDIA H100 80GB HBM3"``.
+        memory_bytes: device memory in bytes, or None when unknown.
+        numa_node: NUMA node of the device, or None. cpus: NUMA-local CPU ids, or None.
+        compute_capability: e.g. ``"9.0"`` for NVIDIA, or None.
+        health: one of :data:`HEALTH_STATES`.
+        mig_mode: True/False when known, else None.
+        partitions: MIG instances present. mig_profiles: the MIG profile table.
+    """
+
+    index: int
+    vendor: str = "nvidia"
+    model: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_bytes: int | None = None
+    numa_node: int | None = None
+    cpus: tuple[int, ...] | None = None
+    compute_capability: str | None = None
+    health: str = "ok"
+    mig_mode: bool | None = None
+    partitions: tuple[Partition, ...] = ()
+    mig_profiles: tuple[MigProfile, ...] = ()
+
+    def profile(self, name: str) -> MigProfile | None:
+        """The MIG profile called ``name`` (``+me`` variants included), or None."""
+        for p in self.mig_profiles:
+            if p.name == name:
+                return p
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """How two devices ``a < b`` are connected.
+
+    Attributes:
+        a, b: device indices, ``a < b``.
+        kind: one of :data:`LINK_KINDS`. A direct link (NVLink, xGMI, NeuronLink)
+            may also record the PCIe path class underneath it in ``pcie``.
+        count: lanes of a direct link (``NV12`` -> 12), or None when unknown.
+        pcie: PCIe path class (PIX/PXB/PHB/NODE/SYS) or None.
+    """
+
+    a: int
+    b: int
+    kind: str
+    count: int | None = None
+    pcie: str | None = None
+
+    @property
+    def direct(self) -> bool:
+        """True for NVLink / xGMI / NeuronLink."""
+        return self.kind in DIRECT_KINDS
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """Modeled per-direction bandwidth, GB/s (from the one table in this module)."""
+        if self.direct:
+            return LANE_BANDWIDTH_GBPS[self.kind] * (self.count or 1)
+        if self.pcie is not None:
+            return PCIE_BANDWIDTH_GBPS[self.pcie]
+        return UNKNOWN_PAIR_BANDWIDTH_GBPS
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        """A sort key: higher is a stronger link.
+
+        Any direct link beats any PCIe path; among direct links more bandwidth
+        wins; among PCIe paths PIX > PXB > PHB > NODE > SYS.
+        """
+        if self.direct:
+            return (len(PCIE_CLASSES) + 1, self.bandwidth_gbps)
+        if self.pcie is not None:
+            return (len(PCIE_CLASSES) - PCIE_CLASSES.index(self.pcie), self.bandwidth_gbps)
+        return (0, UNKNOWN_PAIR_BANDWIDTH_GBPS)
+
+    @property
+    def label(self) -> str:
+        """Short form as ``nvidia-smi topo -m`` would print it: ``NV12``, ``XGMI2``, ``PIX``."""
+        if self.kind == "nvlink":
+            return f"NV{self.count}" if self.count else "NV"
+        if self.kind == "xgmi":
+            return f"XGMI{self.count}" if self.count and self.count > 1 else "XGMI"
+        if self.kind == "neuronlink":
+            return "NL"
+        return self.pcie or "?"
+
+
+#: Rank of a pair that has no link record (weaker than SYS).
+NO_LINK_RANK: tuple[int, float] = (0, UNKNOWN_PAIR_BANDWIDTH_GBPS)
+
+
+@dataclass(frozen=True, slots=True)
+class Nic:
+    """A network interface near the accelerators.
+
+    Attributes:
+        name: e.g. ``"mlx5_0"``. numa_node: or None.
+        paths: ``(device index, PCIe path class)`` for each device it was measured against.
+        rdma: True when it can do RDMA / GPUDirect (Mellanox, EFA, ...).
+    """
+
+    name: str
+    numa_node: int | None = None
+    paths: tuple[tuple[int, str], ...] = ()
+    rdma: bool = False
+
+    def path_to(self, device: int) -> str | None:
+        """PCIe path class from this NIC to ``device``, or None when unknown."""
+        for d, cls in self.paths:
+            if d == device:
+                return cls
+        return None
+
+    @staticmethod
+    def guess_rdma(name: str) -> bool:
+        """Whether a NIC name looks RDMA-capable (mlx5_*, efa*, bnxt_re*, ...)."""
+        return name.lower().startswith(_RDMA_NIC_PREFIXES)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTopology:
+    """Everything rayaccel knows about one node's accelerators.
+
+    Invariants (checked by :meth:`validate`, which the constructor does not run
+    so that importers can build incrementally): device indices are unique;
+    links join two distinct known devices with ``a < b``, one per pair.
+    """
+
+    devices: tuple[Device, ...] = ()
+    links: tuple[Link, ...] = ()
+    nics: tuple[Nic, ...] = ()
+    hostname: str | None = None
+    driver: str | None = None
+    name: str | None = None
+    sources: tuple[str, ...] = ()
+    _link_index: dict = field(default=None, init=False, repr=False, compare=False, hash=False)  # type: ignore[assignment]
+
+    # ----------------------------------------------------------------- queries
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def __iter__(self) -> Iterator[Device]:
+        return iter(self.devices)
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """Device indices, sorted."""
+        return tuple(sorted(d.index for d in self.devices))
+
+    def device(self, index: int) -> Device:
+        """The device with ``index``.
+
+        Raises:
+            KeyError: no such device.
+        """
+        for d in self.devices:
+            if d.index == index:
+                return d
+        raise KeyError(f"no device {index} (devices: {list(self.indices)})")
+
+    def _links(self) -> dict[tuple[int, int], Link]:
+        idx = self._link_index
+        if idx is None:
+            idx = {(l.a, l.b): l for l in self.links}
+            object.__setattr__(self, "_link_index", idx)
+        return idx
+
+    def link(self, a: int, b: int) -> Link | None:
+        """The link between devices ``a`` and ``b`` (either order), or None."""
+        if a > b:
+            a, b = b, a
+        return self._links().get((a, b))
+
+    def rank(self, a: int, b: int) -> tuple[int, float]:
+        """:attr:`Link.rank` of the pair, or :data:`NO_LINK_RANK` when unknown."""
+        l = self.link(a, b)
+        return l.rank if l is not None else NO_LINK_RANK
+
+    def bandwidth_gbps(self, a: int, b: int) -> float:
+        """Modeled per-direction bandwidth between two devices, GB/s."""
+        l = self.link(a, b)
+        return l.bandwidth_gbps if l is not None else UNKNOWN_PAIR_BANDWIDTH_GBPS
+
+    def numa_nodes(self) -> tuple[int | None, ...]:
+        """Distinct NUMA nodes of the devices, in device order."""
+        seen: dict[int | None, None] = {}
+        for d in sorted(self.devices, key=lambda d: d.index):
+            seen.setdefault(d.numa_node, None)
+        return tuple(seen)
+
+    def direct_domains(self) -> list[frozenset[int]]:
+        """Connected components of the direct-link (NVLink/xGMI/NeuronLink) graph."""
+        parent = {i: i for i in self.indices}
+
+        def find(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for l in self.links:
+            if l.direct and l.a in parent and l.b in parent:
+                parent[find(l.a)] = find(l.b)
+        groups: dict[int, set[int]] = {}
+        for i in self.indices:
+            groups.setdefault(find(i), set()).add(i)
+        return sorted((frozenset(g) for g in groups.values()), key=min)
+
+    def partitions(self) -> tuple[Partition, ...]:
+        """All MIG instances of the node, by parent device."""
+        return tuple(p for d in sorted(self.devices, key=lambda d: d.index) for p in d.partitions)
+
+    def subset(self, indices: Iterable[int]) -> "NodeTopology":
+        """The topology restricted to ``indices`` (links and NIC paths among them only)."""
+        keep = set(indices)
+        return replace(
+            self,
+            devices=tuple(d for d in self.devices if d.index in keep),
+            links=tuple(l for l in self.links if l.a in keep and l.b in keep),
+            nics=tuple(replace(n, paths=tuple(p for p in n.paths if p[0] in keep)) for n in self.nics),
+        )
+
+    # ------------------------------------------------------------- validation
+    def validate(self) -> "NodeTopology":
+        """Check the invariants; return self.
+
+        Raises:
+            TopologyError: naming the bad field.
+        """
+        seen: set[int] = set()
+        for i, d in enumerate(self.devices):
+            _check_device(d, f"devices[{i}]")
+            if d.index in seen:
+                raise TopologyError(f"duplicate device index {d.index}", f"devices[{i}].index")
+            seen.add(d.index)
+        pairs: set[tuple[int, int]] = set()
+        for i, l in enumerate(self.links):
+            where = f"links[{i}]"
+            if l.kind not in LINK_KINDS:
+                raise TopologyError(f"unknown kind {l.kind!r}, expected one of {', '.join(LINK_KINDS)}", f"{where}.kind")
+            if l.pcie is not None and l.pcie not in PCIE_CLASSES:
+                raise TopologyError(f"unknown PCIe class {l.pcie!r}, expected one of {', '.join(PCIE_CLASSES)} or null", f"{where}.pcie")
+            if l.kind == "pcie" and l.pcie is None:
+                raise TopologyError("a pcie link needs its path class", f"{where}.pcie")
+            if l.count is not None and (not isinstance(l.count, int) or l.count < 1):
+                raise TopologyError(f"lane count must be a positive int or null, got {l.count!r}", f"{where}.count")
+            if l.a not in seen or l.b not in seen:
+                raise TopologyError(f"link {l.a}-{l.b} names an unknown device", where)
+            if not l.a < l.b:
+                raise TopologyError(f"expected a < b, got a={l.a}, b={l.b}", where)
+            if (l.a, l.b) in pairs:
+                raise TopologyError(f"second link for pair {l.a}-{l.b}", where)
+            pairs.add((l.a, l.b))
+        for i, n in enumerate(self.nics):
+            for j, (dev, cls) in enumerate(n.paths):
+                if cls not in PCIE_CLASSES:
+                    raise TopologyError(f"unknown PCIe class {cls!r}", f"nics[{i}].paths[{j}]")
+        return self
+
+    # -------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict tagged with :data:`SCHEMA`."""
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "hostname": self.hostname,
+            "driver": self.driver,
+            "sources": list(self.sources),
+            "devices": [_device_to_dict(d) for d in sorted(self.devices, key=lambda d: d.index)],
+            "links": [
+                {"a": l.a, "b": l.b, "kind": l.kind, "count": l.count, "pcie": l.pcie,
+                 "bandwidth_gbps": l.bandwidth_gbps}
+                for l in sorted(self.links, key=lambda l: (l.a, l.b))
+            ],
+            "nics": [
+                {"name": n.name, "numa_node": n.numa_node, "rdma": n.rdma,
+                 "paths": {str(dev): cls for dev, cls in n.paths}}
+                for n in self.nics
+            ],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Serialize to JSON text (see :meth:`from_json`)."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "NodeTopology":
+        """Build and validate a topology from :meth:`to_dict` output.
+
+        Raises:
+            TopologyError: naming the bad field and what was expected.
+        """
+        if not isinstance(data, Mapping):
+            raise TopologyError(f"expected a JSON object, got {type(data).__name__}")
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise TopologyError(f"expected {SCHEMA!r}, got {schema!r}", "schema")
+        devs = _get(data, "devices", list, "")
+        links = _get(data, "links", list, "", default=[])
+        nics = _get(data, "nics", list, "", default=[])
+        topo = cls(
+            devices=tuple(_device_from_dict(d, f"devices[{i}]") for i, d in enumerate(devs)),
+            links=tuple(_link_from_dict(l, f"links[{i}]") for i, l in enumerate(links)),
+            nics=tuple(_nic_from_dict(n, f"nics[{i}]") for i, n in enumerate(nics)),
+            hostname=_get(data, "hostname", str, "", default=None, nullable=True),
+            driver=_get(data, "driver", str, "", default=None, nullable=True),
+            name=_get(data, "name", str, "", default=None, nullable=True),
+            sources=tuple(_get(data, "sources", list, "", default=[])),
+        )
+        return topo.validate()
+
+    @classmethod
+    def from_json(cls, text: str) -> "NodeTopology":
+        """Parse JSON text.
+
+        Raises:
+            TopologyError: malformed JSON (with line and column) or a bad field.
+        """
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TopologyError(f"not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "NodeTopology":
+        """Read a topology JSON file.
+
+        Raises:
+            TopologyError: unreadable, malformed, or invalid (message names the file).
+        """
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise TopologyError(f"{p}: cannot read: {e.strerror}") from None
+        try:
+            return cls.from_json(text)
+        except TopologyError as e:
+            raise TopologyError(f"{p}: {e}") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write this topology as JSON."""
+        Path(path).write_text(self.to_json() + "\n")
+
+
+# ---------------------------------------------------------------- (de)coding
+_MISSING = object()
+
+
+def _get(obj: Mapping, key: str, typ: type | tuple, where: str, default: Any = _MISSING, nullable: bool = False) -> Any:
+    name = f"{where}.{key}" if where else key
+    if key not in obj:
+        if default is _MISSING:
+            raise TopologyError("missing", name)
+        return default
+    val = obj[key]
+    if val is None and (nullable or default is None):
+        return None
+    ok = isinstance(val, typ) and not (isinstance(val, bool) and typ in (int, (int, float)))
+    if not ok:
+        tname = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+        raise TopologyError(f"expected {tname}{' or null' if nullable else ''}, got {json.dumps(val)[:40]}", name)
+    return val
+
+
+def _check_device(d: Device, where: str) -> None:
+    if not isinstance(d.index, int) or d.index < 0:
+        raise TopologyError(f"must be an int >= 0, got {d.index!r}", f"{where}.index")
+    if d.health not in HEALTH_STATES:
+        raise TopologyError(f"unknown health {d.health!r}, expected one of {', '.join(HEALTH_STATES)}", f"{where}.health")
+    if d.memory_bytes is not None and d.memory_bytes < 0:
+        raise TopologyError("must be >= 0", f"{where}.memory_bytes")
+    for j, p in enumerate(d.partitions):
+        if p.parent != d.index:
+            raise TopologyError(f"parent {p.parent} differs from device index {d.index}", f"{where}.partitions[{j}].parent")
+
+
+def _device_to_dict(d: Device) -> dict[str, Any]:
+    return {
+        "index": d.index,
+        "vendor": d.vendor,
+        "model": d.model,
+        "uuid": d.uuid,
+        "pci_bus_id": d.pci_bus_id,
+        "memory_bytes": d.memory_bytes,
+        "numa_node": d.numa_node,
+        "cpus": list(d.cpus) if d.cpus is not None else None,
+        "compute_capability": d.compute_capability,
+        "health": d.health,
+        "mig_mode": d.mig_mode,
+        "partitions": [{f.name: getattr(p, f.name) for f in fields(p)} for p in d.partitions],
+        "mig_profiles": [
+            {"name": m.name, "id": m.id, "max_instances": m.max_instances, "memory_mib": m.memory_mib,
+             "placements": list(m.placements), "slots": m.slots, "sms": m.sms}
+            for m in d.mig_profiles
+        ],
+    }
+
+
+def _int_list(val: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(val, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in val):
+        raise TopologyError(f"expected a list of ints, got {json.dumps(val)[:40]}", where)
+    return tuple(val)
+
+
+def _device_from_dict(d: Any, where: str) -> Device:
+    if not isinstance(d, Mapping):
+        raise TopologyError("expected an object", where)
+    cpus = d.get("cpus")
+    dev = Device(
+        index=_get(d, "index", int, where),
+        vendor=_get(d, "vendor", str, where, default="nvidia"),
+        model=_get(d, "model", str, where, default=None, nullable=True),
+        uuid=_get(d, "uuid", str, where, default=None, nullable=True),
+        pci_bus_id=_get(d, "pci_bus_id", str, where, default=None, nullable=True),
+        memory_bytes=_get(d, "memory_bytes", int, where, default=None, nullable=True),
+        numa_node=_get(d, "numa_node", int, where, default=None, nullable=True),
+        cpus=None if cpus is None else _int_list(cpus, f"{where}.cpus"),
+        compute_capability=_get(d, "compute_capability", str, where, default=None, nullable=True),
+        health=_get(d, "health", str, where, default="ok"),
+        mig_mode=_get(d, "mig_mode", bool, where, default=None, nullable=True),
+        partitions=tuple(
+            _partition_from_dict(p, f"{where}.partitions[{j}]", d.get("index"))
+            for j, p in enumerate(_get(d, "partitions", list, where, default=[]))
+        ),
+        mig_profiles=tuple(
+            _profile_from_dict(p, f"{where}.mig_profiles[{j}]")
+            for j, p in enumerate(_get(d, "mig_profiles", list, where, default=[]))
+        ),
+    )
+    _check_device(dev, where)
+    return dev
+
+
+def _partition_from_dict(p: Any, where: str, parent: Any) -> Partition:
+    if not isinstance(p, Mapping):
+        raise TopologyError("expected an object", where)
+    return Partition(
+        parent=_get(p, "parent", int, where, default=parent),
+        profile=_get(p, "profile", str, where),
+        uuid=_get(p, "uuid", str, where, default=None, nullable=True),
+        gi_id=_get(p, "gi_id", int, where, default=None, nullable=True),
+        ci_id=_get(p, "ci_id", int, where, default=None, nullable=True),
+        start=_get(p, "start", int, where, default=None, nullable=True),
+        size=_get(p, "size", int, where, default=None, nullable=True),
+        memory_bytes=_get(p, "memory_bytes", int, where, default=None, nullable=True),
+        sms=_get(p, "sms", int, where, default=None, nullable=True),
+    )
+
+
+def _profile_from_dict(p: Any, where: str) -> MigProfile:
+    if not isinstance(p, Mapping):
+        raise TopologyError("expected an object", where)
+    return MigProfile(
+        name=_get(p, "name", str, where),
+        id=_get(p, "id", int, where),
+        max_instances=_get(p, "max_instances", int, where),
+        memory_mib=_get(p, "memory_mib", int, where, default=None, nullable=True),
+        placements=_int_list(_get(p, "placements", list, where), f"{where}.placements"),
+        slots=_get(p, "slots", int, where),
+        sms=_get(p, "sms", int, where, default=None, nullable=True),
+    )
+
+
+def _link_from_dict(l: Any, where: str) -> Link:
+    if not isinstance(l, Mapping):
+        raise TopologyError("expected an object", where)
+    a = _get(l, "a", int, where)
+    b = _get(l, "b", int, where)
+    return Link(
+        a=a,
+        b=b,
+        kind=_get(l, "kind", str, where),
+        count=_get(l, "count", int, where, default=None, nullable=True),
+        pcie=_get(l, "pcie", str, where, default=None, nullable=True),
+    )
+
+
+def _nic_from_dict(n: Any, where: str) -> Nic:
+    if not isinstance(n, Mapping):
+        raise TopologyError("expected an object", where)
+    paths = _get(n, "paths", dict, where, default={})
+    items = []
+    for k, v in paths.items():
+        try:
+            dev = int(k)
+        except ValueError:
+            raise TopologyError(f"device key must be an integer, got {k!r}", f"{where}.paths") from None
+        if not isinstance(v, str):
+            raise TopologyError("expected a PCIe class string", f"{where}.paths.{k}")
+        items.append((dev, v))
+    name = _get(n, "name", str, where)
+    return Nic(
+        name=name,
+        numa_node=_get(n, "numa_node", int, where, default=None, nullable=True),
+        paths=tuple(sorted(items)),
+        rdma=_get(n, "rdma", bool, where, default=Nic.guess_rdma(name)),
+    )
+
+
+def make_link(a: int, b: int, kind: str, count: int | None = None, pcie: str | None = None) -> Link:
+    """A :class:`Link` with ``a < b`` ensured (arguments in any order)."""
+    if a > b:
+        a, b = b, a
+    return Link(a=a, b=b, kind=kind, count=count, pcie=pcie)
