@@ -1,0 +1,389 @@
+"""``rayaccel topo``: see how accelerators are wired.
+
+    rayaccel topo show [--topology NAME|FILE] [--json] [--svg F] [--png F]
+    rayaccel topo import FILE... [--name N] [--json] [--svg F] [--png F]
+    rayaccel topo backends [--json]
+    rayaccel topo list [--json]
+
+Human output is a link matrix like ``nvidia-smi topo -m`` (coloured by
+strength; a per-device neighbour list beyond 16 devices), a device table, a NIC
+table and a summary line. ``--json`` prints exactly ``NodeTopology.to_dict()``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import BackendUnavailable, RayaccelError
+from ..topology import PCIE_CLASSES, Link, NodeTopology
+from ..units import format_bytes
+from ._common import console, err_console, fail, na, print_json
+
+#: Beyond this many devices the matrix becomes a per-device neighbour list.
+MATRIX_MAX_DEVICES = 16
+
+_PCIE_STYLE = {"PIX": "bold cyan", "PXB": "cyan", "PHB": "yellow", "NODE": "dark_orange", "SYS": "red"}
+_KIND_STYLE = {"nvlink": "green", "xgmi": "magenta", "neuronlink": "dark_orange3"}
+_KIND_NAME = {"nvlink": "NVLink", "xgmi": "xGMI", "neuronlink": "NeuronLink"}
+_DEVICE_WORD = {"aws": "Neuron devices", "amd": "GPUs", "nvidia": "GPUs"}
+
+
+# ----------------------------------------------------------------- helpers
+def cpu_ranges(cpus: Sequence[int] | None) -> str:
+    """``(0,1,2,3,8,9)`` -> ``"0-3,8-9"``; None -> ``"N/A"``."""
+    if cpus is None:
+        return na(None)
+    if not cpus:
+        return "-"
+    out: list[str] = []
+    ordered = sorted(set(cpus))
+    start = prev = ordered[0]
+    for c in ordered[1:] + [None]:  # type: ignore[list-item]
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+        if c is not None:
+            start = prev = c
+    return ",".join(out)
+
+
+def _index_ranges(indices: Sequence[int]) -> str:
+    return cpu_ranges(indices)
+
+
+def _link_text(link: Link | None) -> Text:
+    if link is None:
+        return Text("-", style="dim")
+    if link.direct:
+        style = _KIND_STYLE.get(link.kind, "green")
+        return Text(link.label, style=f"bold {style}" if (link.count or 1) >= 4 else style)
+    return Text(link.label, style=_PCIE_STYLE.get(link.pcie or "", ""))
+
+
+def summary(topo: NodeTopology) -> str:
+    """One line: ``"8 GPUs (Tesla V100-SXM2-32GB), 1 NVLink domain, 2 NUMA nodes, 4 NICs"``."""
+    n = len(topo.devices)
+    vendors = {d.vendor for d in topo.devices}
+    word = _DEVICE_WORD.get(next(iter(vendors)), "devices") if len(vendors) == 1 else "devices"
+    if n == 1:
+        word = word.rstrip("s").replace("device", "device")
+    models = sorted({d.model for d in topo.devices if d.model})
+    parts = [f"{n} {word}" + (f" ({', '.join(models)})" if models else "")]
+    domains = [dom for dom in topo.direct_domains() if len(dom) > 1]
+    if domains:
+        kinds = defaultdict(int)
+        for dom in domains:
+            members = sorted(dom)
+            kind = next((l.kind for l in topo.links if l.direct and l.a in dom and l.b in dom), "direct")
+            kinds[kind] += 1
+        for kind, count in kinds.items():
+            parts.append(f"{count} {_KIND_NAME.get(kind, kind)} domain{'s' if count != 1 else ''}")
+    elif n > 1:
+        parts.append("no direct links (PCIe only)")
+    numa = [x for x in topo.numa_nodes() if x is not None]
+    if numa:
+        parts.append(f"{len(numa)} NUMA node{'s' if len(numa) != 1 else ''}")
+    if topo.nics:
+        parts.append(f"{len(topo.nics)} NIC{'s' if len(topo.nics) != 1 else ''}")
+    mig = sum(len(d.partitions) for d in topo.devices)
+    if mig:
+        parts.append(f"{mig} MIG instance{'s' if mig != 1 else ''}")
+    return ", ".join(parts)
+
+
+def _cell_width(topo: NodeTopology) -> int:
+    labels = [len(l.label) for l in topo.links] + [len(f"{_prefix(topo, i)}{i}") for i in topo.indices]
+    return max(labels, default=3) + 1
+
+
+def _matrix_fits(topo: NodeTopology, nics: int, width: int) -> bool:
+    return 7 + (len(topo.devices) + nics) * _cell_width(topo) <= width
+
+
+def _matrix(topo: NodeTopology, with_nics: bool) -> Table:
+    idx = list(topo.indices)
+    nics = list(topo.nics) if with_nics else []
+    table = Table(title="Link matrix", title_justify="left", box=None, pad_edge=False, padding=(0, 1))
+    table.add_column("", style="bold")
+    for i in idx:
+        table.add_column(f"{_prefix(topo, i)}{i}", justify="center")
+    for k, _ in enumerate(nics):
+        table.add_column(f"NIC{k}", justify="center")
+    for a in idx:
+        row: list[Text | str] = [f"{_prefix(topo, a)}{a}"]
+        for b in idx:
+            row.append(Text(" X ", style="dim") if a == b else _link_text(topo.link(a, b)))
+        for nic in nics:
+            cls = nic.path_to(a)
+            row.append(Text(na(cls), style=_PCIE_STYLE.get(cls or "", "dim")))
+        table.add_row(*row)
+    return table
+
+
+def _neighbours(topo: NodeTopology) -> Table:
+    """Per-device neighbour list for wide machines: peers grouped by link label, as index ranges."""
+    table = Table(title="Links per device", title_justify="left", box=None,
+                  pad_edge=False, padding=(0, 1))
+    table.add_column("dev", style="bold", justify="right")
+    table.add_column("links")
+    rows: dict[str, list[int]] = defaultdict(list)  # identical rows are merged
+    for a in topo.indices:
+        groups: dict[str, tuple[Link, list[int]]] = {}
+        for b in topo.indices:
+            if b == a:
+                continue
+            l = topo.link(a, b)
+            key = l.label if l is not None else "-"
+            groups.setdefault(key, (l, []))[1].append(b)  # type: ignore[arg-type]
+        ordered = sorted(groups.items(), key=lambda kv: kv[1][0].rank if kv[1][0] is not None else (-1, 0), reverse=True)
+        text = Text()
+        for k, (key, (l, peers)) in enumerate(ordered):
+            if k:
+                text.append("  ")
+            text.append_text(_link_text(l) if l is not None else Text("none", style="dim"))
+            if len(peers) == len(topo.devices) - 1:
+                text.append(f" to all {len(peers)} others")
+            else:
+                text.append(f" to {_index_ranges(peers)}")
+        rows[text.markup].append(a)
+    for markup, devs in rows.items():
+        table.add_row(_index_ranges(devs), Text.from_markup(markup))
+    return table
+
+
+def _prefix(topo: NodeTopology, index: int) -> str:
+    try:
+        vendor = topo.device(index).vendor
+    except KeyError:
+        return "DEV"
+    return {"nvidia": "GPU", "amd": "GPU", "aws": "ND"}.get(vendor, "DEV")
+
+
+def _devices(topo: NodeTopology) -> Table:
+    devs = sorted(topo.devices, key=lambda d: d.index)
+    same = {f: len({getattr(d, f) for d in devs}) == 1 for f in ("model", "memory_bytes", "compute_capability")}
+    common = []
+    if same["model"]:
+        common.append(na(devs[0].model))
+    if same["memory_bytes"]:
+        common.append(format_bytes(devs[0].memory_bytes) if devs[0].memory_bytes is not None else "memory N/A")
+    if same["compute_capability"] and devs[0].compute_capability:
+        common.append(f"compute capability {devs[0].compute_capability}")
+    title = "Devices" + (f": {len(devs)}x " + ", ".join(common) if common else "")
+    table = Table(title=title, title_justify="left", header_style="bold")
+    cols = [("#", "right")]
+    cols += [] if same["model"] else [("model", "left")]
+    cols += [] if same["memory_bytes"] else [("memory", "right")]
+    cols += [("NUMA", "right"), ("CPUs", "left"), ("PCI bus", "left")]
+    cols += [] if same["compute_capability"] else [("CC", "left")]
+    cols += [("MIG", "left"), ("health", "left")]
+    for col, just in cols:
+        table.add_column(col, justify=just, no_wrap=col in ("CPUs", "PCI bus"))  # type: ignore[arg-type]
+    for d in devs:
+        if d.partitions:
+            mig = ", ".join(f"{p.profile}" + (f"@{p.start}" if p.start is not None else "") for p in d.partitions)
+        elif d.mig_mode:
+            mig = "on, no instances"
+        elif d.mig_mode is False:
+            mig = f"off, {len(d.mig_profiles)} profiles" if d.mig_profiles else "off"
+        else:
+            mig = na(None)
+        health = Text(d.health, style={"ok": "green", "degraded": "yellow", "failed": "bold red"}.get(d.health, "dim"))
+        row: list = [str(d.index)]
+        row += [] if same["model"] else [na(d.model)]
+        row += [] if same["memory_bytes"] else [format_bytes(d.memory_bytes) if d.memory_bytes is not None else na(None)]
+        row += [na(d.numa_node), cpu_ranges(d.cpus), na(d.pci_bus_id)]
+        row += [] if same["compute_capability"] else [na(d.compute_capability)]
+        row += [mig, health]
+        table.add_row(*row)
+    return table
+
+
+def _nics(topo: NodeTopology) -> Table:
+    table = Table(title="NICs", title_justify="left", header_style="bold")
+    for col in ("", "name", "NUMA", "RDMA", "closest devices"):
+        table.add_column(col)
+    for k, nic in enumerate(topo.nics):
+        by_cls: dict[str, list[int]] = defaultdict(list)
+        for dev, cls in nic.paths:
+            by_cls[cls].append(dev)
+        best = [c for c in PCIE_CLASSES if c in by_cls and c != "SYS"][:2]
+        text = Text()
+        for k, cls in enumerate(best):
+            if k:
+                text.append("; ")
+            text.append(cls, style=_PCIE_STYLE.get(cls, ""))
+            text.append(f" {_index_ranges(by_cls[cls])}")
+        if not best:
+            text.append("SYS to all" if by_cls else na(None), style="dim")
+        table.add_row(f"NIC{k}", nic.name, na(nic.numa_node), "yes" if nic.rdma else "no", text)
+    return table
+
+
+def render(topo: NodeTopology, title: str | None = None) -> None:
+    """Print the human view of ``topo`` on the console."""
+    head = title or topo.name or topo.hostname or "this machine"
+    console.print(Text.assemble((head, "bold"), "  ", (summary(topo), "")))
+    if topo.driver or topo.hostname:
+        console.print(Text(f"host {na(topo.hostname)}, driver {na(topo.driver)}", style="dim"))
+    if not topo.devices:
+        console.print("no devices")
+        return
+    console.print()
+    width = console.width
+    if len(topo.devices) <= MATRIX_MAX_DEVICES and _matrix_fits(topo, 0, width):
+        console.print(_matrix(topo, with_nics=bool(topo.nics) and _matrix_fits(topo, len(topo.nics), width)))
+    else:
+        console.print(_neighbours(topo))
+    legend = Text("legend: ", style="dim")
+    for kind, style in _KIND_STYLE.items():
+        if any(l.kind == kind for l in topo.links):
+            legend.append(f"{'NV#' if kind == 'nvlink' else ('XGMI#' if kind == 'xgmi' else 'NL')} ", style=style)
+            legend.append(f"= {_KIND_NAME[kind]} (# lanes)  ", style="dim")
+    for cls in PCIE_CLASSES:
+        legend.append(cls, style=_PCIE_STYLE[cls])
+        legend.append(" ", style="dim")
+    legend.append("(PCIe, best to worst)  - = unknown", style="dim")
+    console.print(legend)
+    console.print()
+    console.print(_devices(topo))
+    if topo.nics:
+        console.print(_nics(topo))
+    if topo.sources:
+        console.print(Text("sources:", style="dim"))
+        for s in topo.sources:
+            console.print(Text(f"  - {s}", style="dim"), soft_wrap=True)
+
+
+def _pictures(topo: NodeTopology, svg: Optional[Path], png: Optional[Path]) -> None:
+    from .. import viz
+
+    for path in (svg, png):
+        if path is not None:
+            written = viz.draw_topology(topo, path)
+            err_console.print(f"wrote {written}")
+
+
+def _output(topo: NodeTopology, as_json: bool, svg: Optional[Path], png: Optional[Path], title: str | None = None) -> None:
+    for path, suffix in ((svg, ".svg"), (png, ".png")):
+        if path is not None and path.suffix.lower() != suffix:
+            fail(f"--{suffix[1:]} {path}: the file name must end in {suffix}")
+    if as_json:
+        print_json(topo.to_dict())
+    else:
+        render(topo, title)
+    _pictures(topo, svg, png)
+
+
+# ---------------------------------------------------------------- commands
+def register(app: typer.Typer) -> None:
+    """Add the ``topo`` sub-command group to ``app``."""
+    topo_app = typer.Typer(help="Show how accelerators are wired: link matrix, devices, NICs, pictures.",
+                           no_args_is_help=True)
+    app.add_typer(topo_app, name="topo")
+
+    json_opt = typer.Option(False, "--json", help="Print one JSON object (NodeTopology.to_dict()).")
+    svg_opt = typer.Option(None, "--svg", help="Also draw the topology to this .svg file.", dir_okay=False)
+    png_opt = typer.Option(None, "--png", help="Also draw the topology to this .png file.", dir_okay=False)
+
+    @topo_app.command("show")
+    def show(
+        topology: Optional[str] = typer.Option(None, "--topology", "-t", metavar="NAME|FILE",
+                                               help="A catalog machine (see `rayaccel topo list`), a topology JSON "
+                                                    "file or a capture file. Default: this machine."),
+        backend: Optional[str] = typer.Option(None, "--backend", "-b", help="Discover with this backend only."),
+        as_json: bool = json_opt, svg: Optional[Path] = svg_opt, png: Optional[Path] = png_opt,
+    ) -> None:
+        """Show this machine's topology, or a named one (--topology)."""
+        from ..catalog import DEFAULT
+
+        try:
+            if topology is not None:
+                from ..discovery.load import load_topology_with_warnings
+
+                topo, warns = load_topology_with_warnings(topology)
+                for w in warns:
+                    err_console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+            else:
+                from ..discovery import discover
+
+                topo = discover(backend)
+        except BackendUnavailable as e:
+            fail(f"{e}\nNo accelerators found here. To look at a known machine instead: "
+                 f"rayaccel topo show --topology {DEFAULT} (see `rayaccel topo list`), "
+                 f"or set RAYACCEL_TOPOLOGY={DEFAULT} to simulate one.")
+        except RayaccelError as e:
+            fail(str(e))
+        _output(topo, as_json, svg, png)
+
+    @topo_app.command("import")
+    def import_(
+        files: List[Path] = typer.Argument(..., metavar="FILE...", help="Capture files of ONE machine "
+                                           "(nvidia-smi topo -m / -L / mig -lgip, rocm-smi --showtopo, amd-smi "
+                                           "topology, neuron-ls) or a topology JSON file."),
+        name: Optional[str] = typer.Option(None, "--name", help="Name of the imported topology."),
+        as_json: bool = json_opt, svg: Optional[Path] = svg_opt, png: Optional[Path] = png_opt,
+    ) -> None:
+        """Import text captures of one machine into a topology (warnings go to stderr)."""
+        from ..discovery.load import load_topology_with_warnings
+
+        for f in files:
+            if not f.is_file():
+                fail(f"{f}: no such file" + (" (it is a directory)" if f.is_dir() else ""))
+        try:
+            topo, warns = load_topology_with_warnings([str(f) for f in files], name=name)
+        except RayaccelError as e:
+            fail(str(e))
+        for w in warns:
+            err_console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+        if name and topo.name != name:
+            from dataclasses import replace
+
+            topo = replace(topo, name=name)
+        _output(topo, as_json, svg, png)
+
+    @topo_app.command("backends")
+    def backends_(as_json: bool = json_opt) -> None:
+        """List discovery backends: available or not, with the reason and a hint."""
+        from ..discovery.registry import backend_infos
+
+        infos = backend_infos()
+        if as_json:
+            print_json([{"name": i.name, "available": i.available, "reason": i.reason, "hint": i.hint} for i in infos])
+            return
+        table = Table(title="Discovery backends", title_justify="left", header_style="bold")
+        for col in ("backend", "status", "reason", "hint"):
+            table.add_column(col, overflow="fold")
+        for i in infos:
+            status = Text("available", style="green") if i.available else Text("unavailable", style="red")
+            table.add_row(i.name, status, i.reason or "", i.hint or "")
+        console.print(table)
+
+    @topo_app.command("list")
+    def list_(as_json: bool = json_opt) -> None:
+        """List the catalog of real machines (use a name with --topology)."""
+        from .. import catalog
+
+        rows = []
+        for n in catalog.names():
+            t = catalog.load(n)
+            rows.append({"name": n, "devices": len(t.devices), "description": catalog.describe(n),
+                         "default": n == catalog.DEFAULT})
+        if as_json:
+            print_json(rows)
+            return
+        table = Table(title="Catalog machines (rayaccel topo show --topology NAME)", title_justify="left",
+                      header_style="bold")
+        table.add_column("name", style="bold")
+        table.add_column("devices", justify="right")
+        table.add_column("description", overflow="fold")
+        for r in rows:
+            table.add_row(r["name"] + (" (default)" if r["default"] else ""), str(r["devices"]), r["description"])
+        console.print(table)

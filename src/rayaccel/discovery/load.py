@@ -1,0 +1,131 @@
+"""``load_topology``: one entry point for every way of naming a topology.
+
+A *source* is, in this order of precedence:
+
+1. a catalog machine name (``"dgx1-v100"``; see :mod:`rayaccel.catalog`);
+2. a topology JSON file (``{"schema": "rayaccel.topology/1", ...}``);
+3. a text capture file (``nvidia-smi topo -m``, ``nvidia-smi -L``,
+   ``nvidia-smi mig -lgip``, ``rocm-smi --showtopo``, ``neuron-ls`` ...), or
+   several capture files of one machine, which are combined;
+4. capture text itself (a string with a newline in it).
+
+This is exactly what ``rayaccel topo show --topology`` and the ``simulated``
+backend (``RAYACCEL_TOPOLOGY``) use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Sequence, Union
+
+from ..errors import CaptureError, CatalogError, TopologyError
+from ..topology import NodeTopology
+
+log = logging.getLogger(__name__)
+
+Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+__all__ = ["CaptureWarning", "load_topology", "load_topology_with_warnings"]
+
+
+class CaptureWarning(UserWarning):
+    """Something in a capture was skipped or guessed (the topology is still usable)."""
+
+
+def load_topology(source: Source, *, name: str | None = None) -> NodeTopology:
+    """Load a topology from a catalog name, a topology JSON file, or text capture(s).
+
+    Warnings from capture import (skipped rows, guessed fields) are logged on
+    this module's logger and issued as :class:`CaptureWarning`; use
+    :func:`load_topology_with_warnings` to get them as strings instead.
+
+    Args:
+        source: a catalog name, a path, a list of capture paths, or capture text.
+        name: a name for a topology built from captures (default: from the capture).
+
+    Returns:
+        A validated :class:`NodeTopology`.
+
+    Raises:
+        CatalogError: ``source`` is neither a catalog name nor an existing file
+            (the message lists close catalog names and what was tried).
+        TopologyError: a JSON file that is malformed or invalid (names file and field).
+        CaptureError: a capture that cannot be read (names file, line, what was expected).
+    """
+    topo, warns = load_topology_with_warnings(source, name=name)
+    for w in warns:
+        log.warning("%s", w)
+        warnings.warn(w, CaptureWarning, stacklevel=2)
+    return topo
+
+
+def load_topology_with_warnings(source: Source, *, name: str | None = None) -> tuple[NodeTopology, tuple[str, ...]]:
+    """Like :func:`load_topology`, but return ``(topology, warnings)`` instead of emitting them.
+
+    Raises:
+        CatalogError, TopologyError, CaptureError: as :func:`load_topology`.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return _load_one(source, name)
+    if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
+        items = list(source)
+        if not items:
+            raise TopologyError("no topology source given (expected a catalog name, a JSON file or capture files)")
+        if len(items) == 1:
+            return load_topology_with_warnings(items[0], name=name)
+        missing = [str(p) for p in items if not _is_text_capture_arg(p) and not Path(p).is_file()]
+        if missing:
+            raise CaptureError(f"not a file: {', '.join(missing)} (several sources must all be capture files)", missing[0])
+        return _import(items, name)
+    raise TopologyError(
+        f"cannot load a topology from {type(source).__name__}; expected a catalog name, a file path or a list of capture files"
+    )
+
+
+def _is_text_capture_arg(item: object) -> bool:
+    return isinstance(item, str) and "\n" in item
+
+
+def _load_one(source: str | os.PathLike, name: str | None) -> tuple[NodeTopology, tuple[str, ...]]:
+    from .. import catalog
+
+    if isinstance(source, str):
+        if "\n" in source:  # capture text itself
+            return _import([source], name)
+        key = source.strip()
+        if key in catalog.names():
+            return catalog.load(key), ()
+    path = Path(source)
+    if path.is_dir():
+        raise TopologyError(f"{path}: is a directory; expected a topology JSON file or a text capture")
+    if not path.is_file():
+        close = catalog.suggest(str(source))
+        did_you_mean = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise CatalogError(
+            f"{str(source)!r} is not a catalog machine ({did_you_mean}known: {', '.join(catalog.names())}) "
+            f"and not a file (tried {path.resolve()})"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise TopologyError(f"{path}: not a text file (expected a topology JSON file or a text capture)") from None
+    except OSError as e:
+        raise TopologyError(f"{path}: cannot read: {e.strerror}") from None
+    if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        try:
+            return NodeTopology.from_json(text), ()
+        except TopologyError as e:
+            raise TopologyError(f"{path}: {e}") from None
+    return _import([path], name)
+
+
+def _import(items: list, name: str | None) -> tuple[NodeTopology, tuple[str, ...]]:
+    try:
+        from .capture import import_captures
+    except ImportError as e:  # the capture importers ship with rayaccel; this is a broken install
+        raise CaptureError(f"capture importers are unavailable ({e}); reinstall rayaccel") from None
+    result = import_captures(items, name=name)
+    return result.topology.validate(), tuple(result.warnings)
