@@ -216,8 +216,8 @@ def _nics(topo: NodeTopology) -> Table:
             by_cls[cls].append(dev)
         best = [c for c in PCIE_CLASSES if c in by_cls and c != "SYS"][:2]
         text = Text()
-        for k, cls in enumerate(best):
-            if k:
+        for j, cls in enumerate(best):
+            if j:
                 text.append("; ")
             text.append(cls, style=_PCIE_STYLE.get(cls, ""))
             text.append(f" {_index_ranges(by_cls[cls])}")
@@ -283,8 +283,8 @@ def _output(topo: NodeTopology, as_json: bool, svg: Optional[Path], png: Optiona
 
 
 # ---------------------------------------------------------------- commands
-def register(app: typer.Typer) -> None:
-    """Add the ``topo`` sub-command group to ``app``."""
+def register(app: typer.Typer) -> typer.Typer:
+    """Add the ``topo`` sub-command group to ``app`` and return it (other modules add to it)."""
     topo_app = typer.Typer(help="Show how accelerators are wired: link matrix, devices, NICs, pictures.",
                            no_args_is_help=True)
     app.add_typer(topo_app, name="topo")
@@ -387,3 +387,4 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             table.add_row(r["name"] + (" (default)" if r["default"] else ""), str(r["devices"]), r["description"])
         console.print(table)
+    return topo_app
