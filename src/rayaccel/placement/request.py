@@ -1,0 +1,142 @@
+"""What a task asks for: :class:`Request`.
+
+A request is validated when it is built; an invalid one raises
+:class:`~rayaccel.errors.RequestError` naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import RequestError
+from ..units import parse_bytes
+
+#: Allowed values of :attr:`Request.interconnect`.
+INTERCONNECTS = ("any", "nvlink")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A placement request on one node.
+
+    Semantics:
+        * ``gpus=k`` (exclusive, the default): ``k`` whole devices.
+        * ``mig="3g.40gb"``: one free MIG instance of that profile (``gpus`` 0 or 1).
+        * ``gpu_memory=X, exclusive=False``: share one device by memory, best-fit
+          packing, never oversubscribing (``gpus`` 0 or 1).
+        * ``gpu_memory=X, exclusive=True``: ``gpus`` whole devices each with at
+          least ``X`` bytes of memory.
+
+    Attributes:
+        gpus: number of whole devices (0 only with ``mig`` or shared ``gpu_memory``).
+        mig: MIG profile name, e.g. ``"3g.40gb"``, or None.
+        gpu_memory: bytes (int, or a string such as ``"20GiB"`` which is parsed), or None.
+        interconnect: ``"any"`` or ``"nvlink"`` (every chosen pair directly linked:
+            NVLink, xGMI or NeuronLink).
+        same_numa: all chosen devices on one NUMA node.
+        vendor: only devices of this vendor (``"nvidia"``, ``"amd"``...), or None.
+        model: only devices whose model contains this text (case-insensitive), or None.
+        nic: a GPUDirect-capable (RDMA) NIC with a PIX/PXB path to the set is required.
+        exclusive: whole devices (True) or sharing by memory (False).
+
+    Raises:
+        RequestError: on construction, naming the bad field and the allowed values.
+    """
+
+    gpus: int = 1
+    mig: str | None = None
+    gpu_memory: int | str | None = None
+    interconnect: str = "any"
+    same_numa: bool = False
+    vendor: str | None = None
+    model: str | None = None
+    nic: bool = False
+    exclusive: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int):
+            raise RequestError(f"expected an int, got {self.gpus!r}", "gpus", "an int >= 0")
+        if self.gpus < 0:
+            raise RequestError(f"must be >= 0, got {self.gpus}", "gpus", "an int >= 0")
+        if self.gpu_memory is not None:
+            mem = parse_bytes(self.gpu_memory, "gpu_memory")
+            if mem <= 0:
+                raise RequestError("must be > 0", "gpu_memory", "a positive size such as '20GiB'")
+            object.__setattr__(self, "gpu_memory", mem)
+        if self.interconnect not in INTERCONNECTS:
+            raise RequestError(f"unknown value {self.interconnect!r}", "interconnect", ", ".join(INTERCONNECTS))
+        for name in ("same_numa", "nic", "exclusive"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(f"expected True or False, got {getattr(self, name)!r}", name, "True, False")
+        for name in ("mig", "vendor", "model"):
+            val = getattr(self, name)
+            if val is not None and (not isinstance(val, str) or not val.strip()):
+                raise RequestError(f"expected a non-empty string, got {val!r}", name, "a string or None")
+        if self.mig is not None:
+            if self.gpus > 1:
+                raise RequestError(f"a MIG request takes one instance, got gpus={self.gpus}", "gpus", "0 or 1 with mig")
+            if self.gpu_memory is not None or not self.exclusive:
+                raise RequestError("cannot be combined with mig", "gpu_memory" if self.gpu_memory is not None else "exclusive",
+                                   "mig alone, or gpu_memory without mig")
+        elif not self.exclusive:
+            if self.gpu_memory is None:
+                raise RequestError("a shared request (exclusive=False) needs gpu_memory", "gpu_memory", "a size such as '20GiB'")
+            if self.gpus > 1:
+                raise RequestError(f"a shared request uses one device, got gpus={self.gpus}", "gpus", "0 or 1 with exclusive=False")
+        elif self.gpus == 0:
+            raise RequestError("0 devices asked", "gpus", "an int >= 1, or 0 with mig or with gpu_memory and exclusive=False")
+        if (self.interconnect != "any" or self.same_numa or self.nic) and self.kind != "devices":
+            raise RequestError("only applies to whole-device requests", "interconnect" if self.interconnect != "any"
+                               else ("same_numa" if self.same_numa else "nic"), "its default with mig or shared memory")
+
+    @property
+    def kind(self) -> str:
+        """``"devices"`` (whole devices), ``"mig"`` (one MIG instance) or ``"shared"`` (memory on one device)."""
+        if self.mig is not None:
+            return "mig"
+        if not self.exclusive:
+            return "shared"
+        return "devices"
+
+    def describe(self) -> str:
+        """A short human form, e.g. ``"4 GPUs, nvlink, same NUMA"``."""
+        from ..units import format_bytes
+
+        if self.kind == "mig":
+            parts = [f"1 MIG instance {self.mig}"]
+        elif self.kind == "shared":
+            parts = [f"{format_bytes(self.gpu_memory)} of one shared device"]  # type: ignore[arg-type]
+        else:
+            parts = [f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"]
+            if self.gpu_memory is not None:
+                parts.append(f">= {format_bytes(self.gpu_memory)} each")  # type: ignore[arg-type]
+        if self.interconnect != "any":
+            parts.append(self.interconnect)
+        if self.same_numa:
+            parts.append("same NUMA")
+        if self.nic:
+            parts.append("near an RDMA NIC")
+        if self.vendor:
+            parts.append(f"vendor {self.vendor}")
+        if self.model:
+            parts.append(f"model ~{self.model!r}")
+        return ", ".join(parts)
+
+
+def make_request(request: Request | None = None, **fields) -> Request:
+    """``request`` as is, or a :class:`Request` built from ``fields`` (not both).
+
+    Raises:
+        RequestError: both given, an unknown field, or a bad value.
+    """
+    if request is not None:
+        if fields:
+            raise RequestError(f"give either a Request or fields, not both (got {sorted(fields)})", "request")
+        if not isinstance(request, Request):
+            raise RequestError(f"expected a Request, got {type(request).__name__}", "request")
+        return request
+    allowed = set(Request.__dataclass_fields__)
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r}", unknown[0], ", ".join(sorted(allowed)))
+    return Request(**fields)

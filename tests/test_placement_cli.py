@@ -1,0 +1,45 @@
+"""``rayaccel plan`` (wired into a private app, so the test does not depend on the lead's wiring)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rayaccel.cli import bench, plan
+from rayaccel.errors import RequestError
+
+from test_placement_machines import dgx1v
+
+
+@pytest.fixture
+def app_and_topo(tmp_path):
+    app = typer.Typer()
+    plan.register(app)
+    bench.register(app)
+    path = tmp_path / "dgx1.json"
+    dgx1v().save(path)
+    return app, str(path)
+
+
+@pytest.mark.parametrize("args,code,text", [
+    (["--gpus", "2", "--busy", "0,3"], 0, "weakest link NV2"),
+    (["--gpus", "4", "--interconnect", "nvlink", "--busy", "1,5"], 1, "all NVLink-connected"),
+    (["--gpus", "2", "--busy", "x"], 2, "--busy: cannot read 'x'"),
+], ids=["NV2 pair", "nvlink rejection", "bad busy"])
+def test_plan_command(app_and_topo, args, code, text):
+    app, path = app_and_topo
+    res = CliRunner().invoke(app, ["plan", "--topology", path, *args])
+    assert res.exit_code == code
+    assert text in res.output
+
+
+def test_plan_json_and_unknown_device(app_and_topo):
+    app, path = app_and_topo
+    res = CliRunner().invoke(app, ["plan", "--topology", path, "--gpus", "4", "--json"])
+    data = json.loads(res.output)
+    assert data["ok"] and set(data["devices"]) in ({0, 1, 2, 3}, {4, 5, 6, 7})
+    res = CliRunner().invoke(app, ["plan", "--topology", path, "--gpus", "1", "--busy", "9"])
+    assert isinstance(res.exception, RequestError) and "no device 9" in str(res.exception)
