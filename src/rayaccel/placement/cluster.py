@@ -2,10 +2,10 @@
 
 :func:`place` asks every node for its best allocation (cached per node state
 *key*: topology content + what is taken + request, so the many nodes sharing
-a machine type and free state cost one dictionary lookup each) and takes the
-best score (criteria 1-3); ties go to the node that is left with the fewest
-free devices (packing, to keep whole nodes free for large jobs), then to the
-first node in the given order.
+a machine type and free state cost one dictionary lookup each) and ranks them
+by :func:`node_rank`: interconnect class, then "as good as this machine type
+gets", then packing (partly used nodes first, then best fit), then criteria
+1-3; ties go to the first node in the given order.
 
 :func:`place_gang` places N workers of k devices:
 
@@ -21,8 +21,10 @@ first node in the given order.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Sequence
 
+from ..topology import PCIE_CLASSES
 from ..errors import RequestError
 from .node import allocate, allocate_raw
 from .request import Request, make_request
@@ -30,56 +32,95 @@ from .result import Allocation, GangAllocation, Rejection
 from .state import NodeState
 
 STRATEGIES = ("pack", "spread", "strict-pack")
-_RESULTS: dict = {}  # request -> {node state key: (ok, sort key, allocation)}
+_RESULTS: dict = {}  # request -> {node state key: (rank or () when rejected, allocation or rejection)}
+_IDLE: dict = {}  # (topology key, request) -> weakest-link rank of the best set on an idle node
+_DIRECT_CLASS = len(PCIE_CLASSES) + 1
 
 
 def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) -> Allocation | Rejection:
     """The best node and devices for ``request`` across ``nodes`` (``Allocation.node`` is set).
 
+    Each node's answer is cached per (request, node state key), so a decision
+    costs three list passes at C speed plus one fresh search per node whose
+    state was not seen before. Nodes are ranked by :func:`node_rank`.
+
     Raises:
         RequestError: an invalid request, or ``nodes`` not a sequence of :class:`NodeState`.
     """
     req = make_request(request, **fields)
-    best = None
-    best_key = None
-    best_state = None
-    reasons: Counter = Counter()
-    examples: dict[str, str] = {}
     cache = _RESULTS.get(req)
     if cache is None:
         if len(_RESULTS) > 1000:
             _RESULTS.clear()
         cache = _RESULTS[req] = {}
-    for st in nodes:
-        k = st._key or st.key
-        r = cache.get(k)
-        if r is None:
-            alloc = allocate_raw(st, req)
-            if alloc:
-                sk = alloc.score.key() if alloc.score is not None else ()
-                free_after = len(st.topology.devices) - bin(k[1]).count("1") - len(alloc.devices)
-                r = (True, sk + (-free_after,), alloc)
-            else:
-                r = (False, None, alloc)
-            if len(cache) > 100_000:
-                cache.clear()
-            cache[k] = r
-        ok, key, alloc = r
-        if ok:
-            if best_key is None or key > best_key:
-                best_key, best, best_state = key, alloc, st
-        else:
+    try:
+        keys = [st._key or st.key for st in nodes]
+    except AttributeError:
+        _check_nodes(nodes)
+        raise
+    got = list(map(cache.get, keys))
+    if None in got:
+        if len(cache) > 100_000:
+            cache.clear()
+        for i, r in enumerate(got):
+            if r is None:
+                r = cache.get(keys[i])
+                if r is None:
+                    r = cache[keys[i]] = _evaluate(nodes[i], req)
+                got[i] = r
+    ranks = [r[0] for r in got]
+    top = max(ranks) if ranks else None
+    if not top:
+        if not nodes:
+            return Rejection(("there are no nodes",), req)
+        reasons: Counter = Counter()
+        examples: dict[str, str] = {}
+        for st, (_, alloc) in zip(nodes, got):
             for reason in alloc.reasons[:1]:
                 reasons[reason] += 1
                 examples.setdefault(reason, st.node_id or "?")
-    if best is None:
-        if not nodes:
-            return Rejection(("there are no nodes",), req)
-        top = [f"{n} node(s): {why} (e.g. {examples[why]})" for why, n in reasons.most_common(4)]
-        return Rejection((f"no node of {len(nodes)} can place it", *top), req)
-    from dataclasses import replace
+        lines = [f"{n} node(s): {why} (e.g. {examples[why]})" for why, n in reasons.most_common(4)]
+        return Rejection((f"no node of {len(nodes)} can place it", *lines), req)
+    i = ranks.index(top)
+    return replace(got[i][1], node=nodes[i].node_id)
 
-    return replace(best, node=best_state.node_id)
+
+def node_rank(state: NodeState, alloc: Allocation) -> tuple:
+    """How the cluster placer ranks a node's allocation (higher is better; ties go to the earlier node).
+
+    1. the set's interconnect class: all pairs directly linked (NVLink/xGMI), else PCIe;
+    2. whether the set is as good as the best an *idle* node of that type offers
+       (same weakest link), i.e. the job gets its machine type's best interconnect;
+    3. packing: a node already partly used beats a fully free one (keep whole
+       nodes for large jobs), then the node left with the fewest free devices
+       (best fit);
+    4. criteria 1-3 of the set (weakest link, total bandwidth, NUMA, NIC).
+    """
+    sc = alloc.score
+    n = len(state.topology.devices)
+    taken = len(state.taken())
+    k = len(alloc.devices)
+    if sc is None or alloc.request.kind != "devices":  # MIG / shared memory: best score, then best fit
+        return (sc.key() if sc is not None else (), -(n - taken - k))
+    direct = 1 if k == 1 or (sc.weakest_rank is not None and sc.weakest_rank[0] == _DIRECT_CLASS) else 0
+    best = _idle_best(state, alloc.request)
+    reaches = 1 if best is None or sc.weakest_rank == best else 0
+    return (direct, reaches, 1 if taken else 0, -(n - taken - k), sc.key())
+
+
+def _evaluate(st: NodeState, req: Request) -> tuple:
+    alloc = allocate_raw(st, req)
+    if not alloc:
+        return ((), alloc)
+    return (node_rank(st, alloc), alloc)
+
+
+def _idle_best(state: NodeState, request: Request):
+    ck = (state.key[0], request)
+    if ck not in _IDLE:
+        a = allocate_raw(NodeState(state.topology), request)
+        _IDLE[ck] = a.score.weakest_rank if a and a.score is not None else None
+    return _IDLE[ck]
 
 
 def _check_nodes(nodes) -> list[NodeState]:

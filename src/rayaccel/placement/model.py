@@ -4,8 +4,9 @@ NCCL's ring all-reduce moves every byte over each link of a ring, so its bus
 bandwidth is bounded by the slowest link of the ring. We model it as the best
 ring's bottleneck: the ring order over the set that maximizes its weakest
 consecutive link (then its total), using the per-direction link bandwidths of
-:mod:`rayaccel.topology`. Exact (bitmask dynamic programming) up to 10 devices,
-nearest-neighbour plus 2-opt beyond; uniform sets (all pairs equal) are trivial.
+:mod:`rayaccel.topology`. Exact up to 8 devices (a nearest-neighbour ring proven
+optimal by upper bounds, else bitmask dynamic programming); beyond, 2-opt from the
+nearest-neighbour ring unless the bounds prove it optimal; uniform sets are trivial.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..errors import RequestError
 from ..topology import NodeTopology
 from ._index import TopoIndex, index_of
 
-_EXACT_RING = 10
+_EXACT_RING = 8
 
 
 def allreduce_bandwidth_gbps(topology: NodeTopology, devices: Iterable[int]) -> float:
@@ -43,7 +44,14 @@ def ring_bottleneck_mgbps(ix: TopoIndex, order: list[int]) -> int:
 
 
 def ring(ix: TopoIndex, positions: list[int]) -> list[int]:
-    """Positions in the ring order that maximizes (bottleneck, total) of consecutive links. Cached."""
+    """Positions in the ring order that maximizes (bottleneck, total) of consecutive links. Cached per set.
+
+    Cheap first: a nearest-neighbour ring is kept when it meets the upper
+    bounds (bottleneck <= the largest threshold at which every device keeps two
+    links and the set stays connected; total <= half the sum over devices of
+    their two strongest links), which proves it optimal. Else exact bitmask DP up
+    to :data:`_EXACT_RING` devices, 2-opt beyond (no optimality claim there).
+    """
     ps = sorted(set(positions))
     k = len(ps)
     if k <= 2:
@@ -59,57 +67,107 @@ def ring(ix: TopoIndex, positions: list[int]) -> list[int]:
     vals = {B[a][b] for i, a in enumerate(ps) for b in ps[i + 1:]}
     if len(vals) == 1:
         out = ps
-    elif k <= _EXACT_RING:
-        out = _dp_ring(B, ps)
     else:
-        out = _two_opt(B, _greedy(B, ps))
+        out = _greedy(B, ps)
+        if _key(B, out) != _bounds(B, ps, vals):
+            out = _dp_ring(B, ps) if k <= _EXACT_RING else _two_opt(B, out)
     ix.cache[ck] = out
     return out
 
 
-def _dp_ring(B, ps: list[int]) -> list[int]:
+def _bounds(B, ps: list[int], vals: set) -> tuple[int, int]:
+    """Upper bounds (bottleneck, total) over all rings through ``ps`` (see :func:`ring`)."""
     k = len(ps)
-    full = (1 << k) - 1
-    NEG = (-1, -1)
-    # dp[mask][j] = (bottleneck, total) of the best path from ps[0] through mask ending at j
-    dp = [[NEG] * k for _ in range(1 << k)]
-    parent = [[-1] * k for _ in range(1 << k)]
-    dp[1][0] = (10**12, 0)
-    for mask in range(1, 1 << k):
-        if not mask & 1:
-            continue
+    bott = min(vals)
+    for t in sorted(vals, reverse=True):
+        if all(sum(1 for b in ps if b != a and B[a][b] >= t) >= 2 for a in ps):
+            seen = {ps[0]}
+            stack = [ps[0]]
+            while stack:
+                a = stack.pop()
+                for b in ps:
+                    if b not in seen and B[a][b] >= t:
+                        seen.add(b)
+                        stack.append(b)
+            if len(seen) == k:
+                bott = t
+                break
+    total2 = 0
+    for a in ps:
+        row = sorted((B[a][b] for b in ps if b != a), reverse=True)
+        total2 += row[0] + row[1]
+    return bott, total2 // 2
+
+
+def _dp_ring(B, ps: list[int]) -> list[int]:
+    """Exact, in two passes over subsets of ps[1:] (start fixed at ps[0]).
+
+    (bottleneck, total) is not decomposable lexicographically -- a prefix with a
+    higher bottleneck can lose on total once the ring closes through a weaker
+    link -- so pass 1 finds the best bottleneck b* (max-min DP) and pass 2 the
+    largest total over rings using only links >= b* (max-sum DP).
+    """
+    m = len(ps) - 1
+    rows = [[B[ps[i + 1]][ps[j + 1]] for j in range(m)] for i in range(m)]
+    start = [B[ps[0]][ps[j + 1]] for j in range(m)]
+    bstar = _path_dp(rows, start, m, None)[0]
+    _, order = _path_dp(rows, start, m, bstar)
+    return [ps[0]] + [ps[j + 1] for j in order]
+
+
+def _path_dp(rows, start, m: int, floor: int | None) -> tuple[int, list[int]]:
+    """floor None: max over rings of the min link; else: max total over rings whose links are all >= floor."""
+    size = 1 << m
+    dp = [[-1] * m for _ in range(size)]
+    parent = [[-1] * m for _ in range(size)]
+    for j in range(m):
+        w = start[j]
+        if floor is None or w >= floor:
+            dp[1 << j][j] = w
+    for mask in range(1, size):
         row = dp[mask]
-        for j in range(k):
+        for j in range(m):
             cur = row[j]
-            if cur is NEG or not mask >> j & 1:
+            if cur < 0:
                 continue
-            bj = B[ps[j]]
-            for nx in range(1, k):
+            rj = rows[j]
+            for nx in range(m):
                 if mask >> nx & 1:
                     continue
-                w = bj[ps[nx]]
-                cand = (min(cur[0], w), cur[1] + w)
+                w = rj[nx]
+                if floor is None:
+                    val = cur if cur < w else w
+                elif w < floor:
+                    continue
+                else:
+                    val = cur + w
                 nm = mask | (1 << nx)
-                if cand > dp[nm][nx]:
-                    dp[nm][nx] = cand
+                if val > dp[nm][nx]:
+                    dp[nm][nx] = val
                     parent[nm][nx] = j
-    best, last = NEG, -1
-    for j in range(1, k):
+    full = size - 1
+    best, last = -1, -1
+    for j in range(m):
         cur = dp[full][j]
-        if cur is NEG:
+        if cur < 0:
             continue
-        w = B[ps[j]][ps[0]]
-        cand = (min(cur[0], w), cur[1] + w)
-        if cand > best:
-            best, last = cand, j
+        w = start[j]
+        if floor is None:
+            val = cur if cur < w else w
+        elif w < floor:
+            continue
+        else:
+            val = cur + w
+        if val > best:
+            best, last = val, j
     order = []
     mask = full
     while last != -1:
-        order.append(ps[last])
+        order.append(last)
         prev = parent[mask][last]
         mask &= ~(1 << last)
         last = prev
-    return order[::-1]
+    return best, order[::-1]
 
 
 def _greedy(B, ps: list[int]) -> list[int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..units import format_bytes
 from ._index import TopoIndex, index_of
+from ._table import pack_quality, table_of
 from .model import ring, ring_bottleneck_mgbps
 from .request import Request
 from .result import Allocation, Rejection, Score
@@ -140,6 +141,9 @@ def score_of(ix: TopoIndex, mask: int, result: SearchResult | None = None, with_
 
 def free_quality(ix: TopoIndex, rest: int, k: int) -> tuple:
     """Criterion 4: greedy packing of ``rest`` into sets of size max(k, 2); (sum of weakest levels, sum of milli-GB/s)."""
+    tb = table_of(ix)
+    if tb is not None:
+        return pack_quality(tb, rest, k)
     s = max(k, 2)
     lv = bw = 0
     while bin(rest).count("1") >= s:
@@ -163,7 +167,8 @@ def _allocate_devices(state: NodeState, request: Request) -> Allocation | Reject
             head = f"the node has {ix.n} device{'s' if ix.n != 1 else ''}, {k} asked"
         return Rejection((head, *excluded), request, state.node_id)
     nvlink = request.interconnect == "nvlink"
-    res = best_sets(ix, mask, k, nvlink=nvlink, nic=request.nic, same_numa=request.same_numa, tie_cap=TIE_CAP)
+    cap = max(TIE_CAP, ix.n) if k == 1 else TIE_CAP  # every free device competes for a single-device request
+    res = best_sets(ix, mask, k, nvlink=nvlink, nic=request.nic, same_numa=request.same_numa, tie_cap=cap)
     if res is None:
         return Rejection(tuple(_why_none(ix, mask, request)), request, state.node_id)
     why: list[str] = []
@@ -176,7 +181,7 @@ def _allocate_devices(state: NodeState, request: Request) -> Allocation | Reject
         winners = [m for q, m in scored if q == best_q]
         chosen = min(winners, key=lambda m: ix.devices_of(m))
         losers = [(m, q) for q, m in scored if m != chosen]
-        why.append(f"{len(res.sets)}{'+' if len(res.sets) >= TIE_CAP else ''} sets tie on weakest link, bandwidth and NUMA; "
+        why.append(f"{len(res.sets)}{'+' if len(res.sets) >= cap else ''} sets tie on weakest link, bandwidth and NUMA; "
                    f"this one leaves the free devices best connected for further size-{max(k, 2)} requests (criterion 4)")
         quality = best_q
     elif len(res.sets) > 1:
@@ -205,7 +210,7 @@ def _why_none(ix: TopoIndex, mask: int, request: Request) -> list[str]:
     base = best_sets(ix, mask, k, tie_cap=1)
     reasons: list[str] = []
     if request.interconnect == "nvlink":
-        if base is not None:
+        if base is not None and k >= 2:
             ps = [i for i in range(ix.n) if base.sets[0] >> i & 1]
             worst = min(((ix.level[a][b], ix.bw[a][b], a, b) for i, a in enumerate(ps) for b in ps[i + 1:]))
             a, b = ix.indices[worst[2]], ix.indices[worst[3]]

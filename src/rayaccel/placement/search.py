@@ -18,7 +18,9 @@ Algorithm (per call, over the free devices of a node):
    all-to-all NVSwitch domain collapses to one class per NUMA node, which makes
    large uniform domains (NVL72) exact and fast.
 
-The search is exact for any node when it finishes. Nodes above
+Nodes of up to 16 devices do not use this search: :mod:`._table` answers them
+exactly from precomputed bitmask tables (much faster); this branch and bound
+serves larger nodes (NVL72). The search is exact for any node when it finishes. Nodes above
 :data:`EXACT_UP_TO` devices get an expansion budget; when it runs out the result
 is marked ``optimal=False`` and carries ``bound_gbps``, an upper bound on the
 total bandwidth any set could reach at that weakest-link level.
@@ -31,6 +33,8 @@ from dataclasses import dataclass, field
 
 from ..topology import PCIE_CLASSES
 from ._index import TopoIndex
+from ._table import best as table_best
+from ._table import table_of
 
 #: Nodes of up to this many devices are searched without a budget (always exact).
 EXACT_UP_TO = 16
@@ -103,6 +107,13 @@ def best_sets(ix: TopoIndex, free_mask: int, k: int, *, nvlink: bool = False, ni
     hit = ix.cache.get(ck)
     if hit is not None or ck in ix.cache:
         return hit
+    tb = table_of(ix)
+    if tb is not None:
+        result = table_best(tb, free_mask, k, nvlink, nic, same_numa, tie_cap)
+        if len(ix.cache) > 100_000:
+            ix.cache.clear()
+        ix.cache[ck] = result
+        return result
     free = [i for i in range(ix.n) if free_mask >> i & 1]
     if same_numa:
         groups: dict = {}

@@ -1,0 +1,268 @@
+"""Exact best-set search by precomputed bitmask tables, for nodes of up to :data:`TABLE_UP_TO` devices.
+
+Per topology (built once, ~0.1 s for 16 devices, kept in the topology index):
+
+* ``key[m]`` for every device subset ``m`` (a bitmask over positions): criteria
+  1-3 packed in one int -- weakest-link level, total pair bandwidth
+  (milli-GB/s), number of NUMA nodes -- so that a larger int is a better set.
+  Each entry is computed in O(1) from ``m`` without its lowest device, using
+  per-device row minima / row sums over 8-bit halves of the mask.
+* ``direct[m]``: every pair of ``m`` directly linked (NVLink/xGMI/NeuronLink).
+* per set size ``k`` (lazily): all k-subsets sorted best first (ties in
+  lexicographic order of their positions), and where each tie group ends.
+
+A query (free mask ``F``, size ``k``, constraints) is exact for criteria 1-3:
+
+* scan the sorted k-subsets and take the first one inside ``F`` that meets the
+  constraints (any earlier set is not inside ``F`` or fails them, so nothing
+  better exists); its tie group gives the tied sets (up to ``cap``; the whole
+  group when ``nic`` must break the tie). The scan stops after
+  ``4 * C(f, k) + 32`` sets, and then
+* enumerate the ``C(f, k)`` subsets of ``F`` directly (few, since the scan only
+  runs long when ``F`` holds few sets).
+
+So a query costs O(min(scan position, C(f, k))) table reads, with no Python
+objects built per candidate beyond ints.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations, islice
+from math import comb
+
+from ._index import TopoIndex
+
+#: Nodes of up to this many devices get the tables (2**n entries).
+TABLE_UP_TO = 16
+_BW_SHIFT = 5
+_LVL_SHIFT = 40
+_RUNNER_SCAN = 512
+
+
+class Table:
+    """The tables of one topology (see module docstring)."""
+
+    def __init__(self, ix: TopoIndex):
+        n = ix.n
+        self.n = n
+        self.full = (1 << n) - 1
+        top = len(ix.levels)
+        numa_ids: dict = {}
+        nid = [numa_ids.setdefault(ix.numa[p], len(numa_ids)) for p in range(n)]
+        self.nic_mask = sum(1 << p for p in range(n) if ix.nic_near[p])
+        dmask = [sum(1 << j for j in range(n) if j != p and ix.direct[p][j]) for p in range(n)]
+        lv, bw = ix.level, ix.bw
+        inf = top
+        # per device p, per 8-bit half h of the other devices: min level / summed bandwidth to them
+        halves = []
+        for p in range(n):
+            per = []
+            for base in (0, 8):
+                mins = [inf] * 256
+                sums = [0] * 256
+                for h in range(1, 256):
+                    low = h & -h
+                    j = low.bit_length() - 1 + base
+                    r = h ^ low
+                    if j < n:
+                        mins[h] = min(mins[r], lv[p][j])
+                        sums[h] = sums[r] + bw[p][j]
+                    else:
+                        mins[h], sums[h] = mins[r], sums[r]
+                per.append((mins, sums))
+            halves.append(per)
+        size = 1 << n
+        lvl = [top] * size
+        tot = [0] * size
+        nb = [0] * size
+        direct = bytearray(size)
+        direct[0] = 1
+        key = [0] * size
+        for m in range(1, size):
+            low = m & -m
+            p = low.bit_length() - 1
+            r = m ^ low
+            if r:
+                (mlo, slo), (mhi, shi) = halves[p]
+                a, b = r & 255, r >> 8
+                l = lvl[r]
+                x = mlo[a]
+                if x < l:
+                    l = x
+                x = mhi[b]
+                if x < l:
+                    l = x
+                lvl[m] = l
+                tot[m] = t = tot[r] + slo[a] + shi[b]
+                nb[m] = g = nb[r] | (1 << nid[p])
+                direct[m] = direct[r] and not (r & ~dmask[p])
+            else:
+                l, t = top, 0
+                nb[m] = g = 1 << nid[p]
+                direct[m] = 1
+            key[m] = (l << _LVL_SHIFT) | (t << _BW_SHIFT) | (31 - g.bit_count())
+        self.key = key
+        self.direct = direct
+        self._sorted: dict[int, tuple[list[int], list[int]]] = {}
+        self.quality: dict = {}  # (rest mask, size) -> criterion-4 packing quality
+
+    def sorted_sets(self, k: int) -> tuple[list[int], list[int]]:
+        """(all k-subsets best first, index where each one's tie group ends)."""
+        got = self._sorted.get(k)
+        if got is None:
+            n, key = self.n, self.key
+            masks = [sum(1 << p for p in c) for c in combinations(range(n), k)]
+            rev = {m: int(format(m, f"0{n}b")[::-1], 2) for m in masks}
+            masks.sort(key=lambda m: (key[m], rev[m]), reverse=True)
+            ends = [0] * len(masks)
+            end = len(masks)
+            for i in range(len(masks) - 1, -1, -1):
+                if i + 1 < len(masks) and key[masks[i]] != key[masks[i + 1]]:
+                    end = i + 1
+                ends[i] = end
+            got = self._sorted[k] = (masks, ends)
+        return got
+
+    def decode(self, m: int, nic: bool) -> tuple:
+        """The SearchResult key tuple of set ``m``: (level, milli-GB/s, -NUMA nodes, near NICs)."""
+        k = self.key[m]
+        return (k >> _LVL_SHIFT, (k >> _BW_SHIFT) & ((1 << (_LVL_SHIFT - _BW_SHIFT)) - 1), (k & 31) - 31,
+                (m & self.nic_mask).bit_count() if nic else 0)
+
+
+def table_of(ix: TopoIndex) -> Table | None:
+    """The (cached) :class:`Table` of ``ix``, or None above :data:`TABLE_UP_TO` devices."""
+    if ix.n > TABLE_UP_TO:
+        return None
+    tb = ix.cache.get("table")
+    if tb is None:
+        tb = ix.cache["table"] = Table(ix)
+    return tb
+
+
+def _ok(tb: Table, m: int, nvlink: bool, nic: bool, same_numa: bool) -> bool:
+    if nvlink and not tb.direct[m]:
+        return False
+    if same_numa and (tb.key[m] & 31) != 30:
+        return False
+    return not nic or bool(m & tb.nic_mask)
+
+
+def best(tb: Table, free: int, k: int, nvlink: bool = False, nic: bool = False, same_numa: bool = False,
+         cap: int = 12):
+    """Exact best k-sets inside ``free``: a :class:`~.search.SearchResult` or None (see module docstring)."""
+    from .search import SearchResult
+
+    f = free.bit_count()
+    if k < 1 or f < k:
+        return None
+    constrained = nvlink or nic or same_numa
+    nic_mask = tb.nic_mask
+    if f == k:
+        if constrained and not _ok(tb, free, nvlink, nic, same_numa):
+            return None
+        return SearchResult(tb.decode(free, nic), [free])
+    masks, ends = tb.sorted_sets(k)
+    total = comb(f, k)
+    limit = 4 * total + 32
+    outside = tb.full & ~free
+    hit = -1
+    for i, m in enumerate(islice(masks, limit)):
+        if not m & outside and (not constrained or _ok(tb, m, nvlink, nic, same_numa)):
+            hit = i
+            break
+    if hit < 0:
+        if limit >= len(masks):
+            return None
+        return _enumerate(tb, free, k, nvlink, nic, same_numa, cap)
+    end = ends[hit]
+    ties: list[int] = []
+    best_nic = -1
+    for m in islice(masks, hit, end):
+        if m & outside or (constrained and not _ok(tb, m, nvlink, nic, same_numa)):
+            continue
+        if nic:
+            c = (m & nic_mask).bit_count()
+            if c > best_nic:
+                best_nic, ties = c, [m]
+                continue
+            if c < best_nic:
+                continue
+        if len(ties) < cap:
+            ties.append(m)
+        elif not nic:
+            break
+    runners = []
+    for m in islice(masks, end, end + _RUNNER_SCAN):
+        if not m & outside and (not constrained or _ok(tb, m, nvlink, nic, same_numa)):
+            runners.append((tb.decode(m, nic), m))
+            if len(runners) >= 3:
+                break
+    if nic:
+        runners.sort(reverse=True)
+    res = SearchResult(tb.decode(ties[0], nic), ties, runners)
+    res.expansions = hit + 1
+    return res
+
+
+def _enumerate(tb: Table, free: int, k: int, nvlink: bool, nic: bool, same_numa: bool, cap: int):
+    from .search import SearchResult
+
+    key = tb.key
+    bits = [1 << p for p in range(tb.n) if free >> p & 1]
+    constrained = nvlink or nic or same_numa
+    scored = []
+    nic_mask = tb.nic_mask
+    for c in combinations(bits, k):
+        m = sum(c)
+        if constrained and not _ok(tb, m, nvlink, nic, same_numa):
+            continue
+        s = key[m]
+        if nic:
+            s = (s << 5) | (m & nic_mask).bit_count()
+        scored.append((s, m))
+    if not scored:
+        return None
+    top = max(s for s, _ in scored)
+    ties = [m for s, m in scored if s == top][:cap]
+    rest = sorted((x for x in scored if x[0] != top), key=lambda x: x[0], reverse=True)[:3]
+    res = SearchResult(tb.decode(ties[0], nic), ties, [(tb.decode(m, nic), m) for _, m in rest])
+    res.expansions = len(scored)
+    return res
+
+
+def pack_quality(tb: Table, rest: int, k: int) -> tuple[int, int]:
+    """Criterion 4: greedily pack ``rest`` into best sets of size max(k, 2); (sum of levels, sum of milli-GB/s). Cached."""
+    s = max(k, 2)
+    ck = (rest, s)
+    got = tb.quality.get(ck)
+    if got is not None:
+        return got
+    lv = bw = 0
+    r = rest
+    if s <= 3 and r.bit_count() > s:  # one pass over the (short) sorted list is the same greedy choice
+        need = s
+        for m in tb.sorted_sets(s)[0]:
+            if not m & ~r:
+                kk = tb.key[m]
+                lv += kk >> _LVL_SHIFT
+                bw += (kk >> _BW_SHIFT) & ((1 << (_LVL_SHIFT - _BW_SHIFT)) - 1)
+                r &= ~m
+                if r.bit_count() < need:
+                    break
+    while r.bit_count() >= s:
+        if r.bit_count() == s:
+            m = r
+        else:
+            res = best(tb, r, s, cap=1)
+            if res is None:
+                break
+            m = res.sets[0]
+        kk = tb.key[m]
+        lv += kk >> _LVL_SHIFT
+        bw += (kk >> _BW_SHIFT) & ((1 << (_LVL_SHIFT - _BW_SHIFT)) - 1)
+        r &= ~m
+    if len(tb.quality) > 200_000:
+        tb.quality.clear()
+    got = tb.quality[ck] = (lv, bw)
+    return got
