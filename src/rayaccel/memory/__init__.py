@@ -5,11 +5,13 @@
         h = store.put(tensor)
         x = store.get(h)
 
-Modules: :mod:`.store` (the store and its handles), :mod:`.buffers` (byte
-views, buffer pools, the simulated and CUDA backends), :mod:`.spill`
-(chunked, checksummed spill files), :mod:`.share` (same-node hand-off through
-shared memory / CUDA IPC), :mod:`.owners` (owner tags and the sweeper of dead
-processes' leftovers), :mod:`.stats` (counters).
+Modules: :mod:`.store` (the store's public API), :mod:`.tiers` (placement,
+LRU eviction and moves between tiers), :mod:`.handle` (handles),
+:mod:`.buffers` (byte views, buffer pools, the simulated and CUDA backends),
+:mod:`.spill` (chunked, checksummed, self-describing spill files: xxh3 with
+the ``xxhash`` package, CRC-32 without), :mod:`.share` (same-node hand-off
+through shared memory / CUDA IPC), :mod:`.owners` (owner tags and the sweeper
+of dead processes' leftovers), :mod:`.stats` (counters).
 
 No import of torch or ray here: torch is loaded when a store is created (to see
 whether a GPU is present) and only the Ray layer imports ray.

@@ -22,12 +22,17 @@ import zlib
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import CorruptObject, UnknownObject
+from .buffers import CudaBackend, from_cpu_bytes
+from .handle import STORES, Handle
 from .owners import SHM_PREFIX, owner_tag
+
+if TYPE_CHECKING:
+    from .tiers import _Entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +139,71 @@ def import_cuda_ipc(ipc: tuple) -> Any:
     """Open a CUDA IPC export (a tensor sharing the owner's device memory)."""
     rebuild, args = ipc
     return rebuild(*args)
+
+
+class Sharing:
+    """Export/import of stored objects; a mixin of :class:`~rayaccel.memory.Store`.
+
+    Works on the store's ``_exports``, ``_segments``, ``_imports``,
+    ``_backend``, ``node_id``, ``export_hook`` and ``remote_fetch`` under its lock.
+    """
+
+    def export(self, handle: Handle) -> SharedObject:
+        """Export an object for another process on this node (once; cached until deleted).
+
+        Raises:
+            UnknownObject, CorruptObject: as for :meth:`get`.
+        """
+        with self._lock:
+            e = self._entry(handle, imports=False)
+            if e.lost:
+                raise CorruptObject(e.lost, key=e.name)
+            done = self._exports.get(e.key)
+            if done is not None:
+                return done
+            if e.tier == "device" and isinstance(self._backend, CudaBackend):
+                shared = SharedObject(self.node_id, owner_tag(), None, e.layout.nbytes, None,
+                                             ipc=export_cuda_ipc(e.data))
+                data = None
+            else:
+                data = self._cpu_copy_or_view(e)
+                shm, crc = export_bytes(data)
+                self._segments[e.key] = shm
+                shared = SharedObject(self.node_id, owner_tag(), shm.name, e.layout.nbytes, crc)
+            if self.export_hook is not None:
+                shared = self.export_hook(shared, data if data is not None else self._cpu_copy_or_view(e))
+            self._exports[e.key] = shared
+            return shared
+
+    def _import(self, handle: Handle) -> _Entry:
+        local = self._imports.get((handle.store_id, handle.key))
+        if local is not None and local in self._entries:
+            return self._entries[local]
+        other = STORES.get(handle.store_id)
+        if other is not None and not other.closed:  # another store in this process
+            obj = other.get(Handle(handle.store_id, handle.key, handle.layout, handle.name))
+        else:
+            shared = handle.shared
+            if shared is None:
+                raise UnknownObject(f"object {handle.name} belongs to another store that is not reachable "
+                                    "from here (the handle was not exported; enable sharing on its store)")
+            obj = from_cpu_bytes(self._fetch(shared, handle.name), handle.layout)
+        h = self.put(obj, name=handle.name)
+        self._imports[(handle.store_id, handle.key)] = h.key
+        return self._entries[h.key]
+
+    def _fetch(self, shared: SharedObject, name: str) -> np.ndarray:
+        same_node = shared.node_id == self.node_id
+        if same_node and shared.ipc is not None and isinstance(self._backend, CudaBackend):
+            return import_cuda_ipc(shared.ipc).cpu().numpy()
+        if same_node and shared.segment is not None:
+            try:
+                return import_bytes(shared, name)
+            except UnknownObject:
+                if shared.ref is None or self.remote_fetch is None:
+                    raise
+        if shared.ref is not None and self.remote_fetch is not None:
+            return self.remote_fetch(shared, name)
+        raise UnknownObject(f"object {name} lives on node {shared.node_id} and its handle carries no "
+                            "cross-node copy (use rayaccel.store() inside Ray tasks)")
+

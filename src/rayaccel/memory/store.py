@@ -23,22 +23,23 @@ like Ray's GPU objects.
 
 Thread safety: one re-entrant lock guards all state; concurrent ``put``/``get``
 from threads are serialized.
+
+Modules: this one holds the public API; :mod:`.tiers` the placement, eviction
+and moves between tiers; :mod:`.share` the export/import of objects between
+processes; :mod:`.handle` the handles; :mod:`.spill` the spill files.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import secrets
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -47,64 +48,14 @@ import numpy as np
 from ..errors import CorruptObject, StoreError, StoreFull, UnknownObject
 from ..units import parse_bytes
 from . import share as _share
-from .buffers import CudaBackend, Layout, cpu_bytes, describe, from_cpu_bytes, make_backend, to_device
+from .buffers import CudaBackend, cpu_bytes, describe, from_cpu_bytes, make_backend, to_device
+from .handle import STORES, Handle
 from .owners import owner_tag, sweep
-from .spill import DEFAULT_CHUNK_BYTES, SpillRecord, read_spill, remove_later, write_spill
+from .spill import DEFAULT_CHUNK_BYTES, algorithm, read_spill, write_spill
 from .stats import Transfers
+from .tiers import TIERS, TierMoves, _Entry
 
-TIERS = ("device", "host", "disk")
-_STORES: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
-
-
-@dataclass(frozen=True, slots=True)
-class Handle:
-    """A reference to a stored object. Cheap, hashable, picklable.
-
-    Pickled while its store has sharing enabled, a handle carries a
-    :class:`~rayaccel.memory.share.SharedObject` so that a store in another
-    process can fetch the object (see :meth:`Store.get`).
-
-    Attributes:
-        store_id: the owning store. key: the object's number in it.
-        layout: kind, dtype, shape, nbytes. name: used in messages (``obj-<key>``).
-        shared: the export, on handles that crossed a process boundary.
-    """
-
-    store_id: str
-    key: int
-    layout: Layout
-    name: str
-    shared: Any = None
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the object in bytes."""
-        return self.layout.nbytes
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.layout.shape
-
-    def __reduce__(self):
-        shared = self.shared
-        store = _STORES.get(self.store_id)
-        if shared is None and store is not None and store.sharing:
-            shared = store.export(self)
-        return (Handle, (self.store_id, self.key, self.layout, self.name, shared))
-
-
-@dataclass(slots=True, eq=False)
-class _Entry:
-    key: int
-    name: str
-    layout: Layout
-    tier: str
-    data: Any = None  # device tier: backend bytes; host tier: uint8 CPU buffer; disk: None
-    pooled: bool = False  # data came from a buffer pool (may go back to it)
-    record: SpillRecord | None = None
-    refs: int = 1
-    pins: int = 0
-    lost: str | None = None
+__all__ = ["TIERS", "Handle", "Store"]
 
 
 def _cleanup(spill_dir: Path, segments: dict) -> None:
@@ -114,7 +65,7 @@ def _cleanup(spill_dir: Path, segments: dict) -> None:
     shutil.rmtree(spill_dir, ignore_errors=True)
 
 
-class Store:
+class Store(_share.Sharing, TierMoves):
     """A tiered object store for tensors and arrays; see the module docstring.
 
     Args:
@@ -127,15 +78,20 @@ class Store:
             ``"cpu"`` (force simulation) or ``"cuda:<i>"``.
         chunk_bytes: spill-file chunk size. node_id: identity used for sharing
             (default: hostname + boot id). share: pickle handles as shared exports.
+        checksum: spill-file checksum, ``"xxh3_64"``, ``"xxh3_128"`` or ``"crc32"``
+            (None: :data:`rayaccel.memory.spill.DEFAULT_ALGORITHM`, xxh3_64 when the
+            ``xxhash`` package is installed, else crc32). Files of any of them restore.
 
     Raises:
         RequestError: a size that cannot be read. StoreError: a fraction without a
-            GPU, or an unknown device.
+            GPU, an unknown device, or an unknown or unavailable checksum.
     """
 
     def __init__(self, device_bytes: int | float | str, host_bytes: int | str, spill_dir: str | Path | None = None,
                  disk_bytes: int | str | None = None, *, device: str | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, node_id: str | None = None, share: bool = False):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, node_id: str | None = None, share: bool = False,
+                 checksum: str | None = None):
+        self.checksum = algorithm(checksum).name
         self._backend = make_backend(device)
         self.budgets: dict[str, int | None] = {
             "device": self._device_budget(device_bytes),
@@ -169,7 +125,7 @@ class Store:
         self._closed = False
         self._spill_seq = 0
         self._finalizer = weakref.finalize(self, _cleanup, self.spill_dir, self._segments)
-        _STORES[self.id] = self
+        STORES[self.id] = self
 
     def _device_budget(self, value: int | float | str) -> int:
         if isinstance(value, float) and 0 < value <= 1:
@@ -206,7 +162,7 @@ class Store:
                 self._copy_in(e.data, obj)
             else:
                 e.record = write_spill(self._spill_path(e), memoryview(self._cpu_bytes_of(obj)),
-                                       self._meta(e), self.chunk_bytes)
+                                       self._meta(e), self.chunk_bytes, self.checksum)
             e.tier = tier
             self._entries[key] = e
             self._account(e, tier, +1)
@@ -394,66 +350,6 @@ class Store:
                 f"host {self._used['host']}/{self.budgets['host']} B, disk {self._used['disk']} B, "
                 f"{len(self._entries)} objects)")
 
-    # ----------------------------------------------------------------- sharing
-    def export(self, handle: Handle) -> _share.SharedObject:
-        """Export an object for another process on this node (once; cached until deleted).
-
-        Raises:
-            UnknownObject, CorruptObject: as for :meth:`get`.
-        """
-        with self._lock:
-            e = self._entry(handle, imports=False)
-            if e.lost:
-                raise CorruptObject(e.lost, key=e.name)
-            done = self._exports.get(e.key)
-            if done is not None:
-                return done
-            if e.tier == "device" and isinstance(self._backend, CudaBackend):
-                shared = _share.SharedObject(self.node_id, owner_tag(), None, e.layout.nbytes, None,
-                                             ipc=_share.export_cuda_ipc(e.data))
-                data = None
-            else:
-                data = self._cpu_copy_or_view(e)
-                shm, crc = _share.export_bytes(data)
-                self._segments[e.key] = shm
-                shared = _share.SharedObject(self.node_id, owner_tag(), shm.name, e.layout.nbytes, crc)
-            if self.export_hook is not None:
-                shared = self.export_hook(shared, data if data is not None else self._cpu_copy_or_view(e))
-            self._exports[e.key] = shared
-            return shared
-
-    def _import(self, handle: Handle) -> _Entry:
-        local = self._imports.get((handle.store_id, handle.key))
-        if local is not None and local in self._entries:
-            return self._entries[local]
-        other = _STORES.get(handle.store_id)
-        if other is not None and not other.closed:  # another store in this process
-            obj = other.get(Handle(handle.store_id, handle.key, handle.layout, handle.name))
-        else:
-            shared = handle.shared
-            if shared is None:
-                raise UnknownObject(f"object {handle.name} belongs to another store that is not reachable "
-                                    "from here (the handle was not exported; enable sharing on its store)")
-            obj = from_cpu_bytes(self._fetch(shared, handle.name), handle.layout)
-        h = self.put(obj, name=handle.name)
-        self._imports[(handle.store_id, handle.key)] = h.key
-        return self._entries[h.key]
-
-    def _fetch(self, shared: _share.SharedObject, name: str) -> np.ndarray:
-        same_node = shared.node_id == self.node_id
-        if same_node and shared.ipc is not None and isinstance(self._backend, CudaBackend):
-            return _share.import_cuda_ipc(shared.ipc).cpu().numpy()
-        if same_node and shared.segment is not None:
-            try:
-                return _share.import_bytes(shared, name)
-            except UnknownObject:
-                if shared.ref is None or self.remote_fetch is None:
-                    raise
-        if shared.ref is not None and self.remote_fetch is not None:
-            return self.remote_fetch(shared, name)
-        raise UnknownObject(f"object {name} lives on node {shared.node_id} and its handle carries no "
-                            "cross-node copy (use rayaccel.store() inside Ray tasks)")
-
     # ---------------------------------------------------------------- internals
     def _check_open(self) -> None:
         if self._closed:
@@ -473,142 +369,6 @@ class Store:
         if e.lost and imports:
             raise CorruptObject(e.lost, key=e.name)
         return e
-
-    def _meta(self, e: _Entry) -> dict[str, Any]:
-        return {"name": e.name, "kind": e.layout.kind, "dtype": e.layout.dtype, "shape": list(e.layout.shape)}
-
-    def _spill_path(self, e: _Entry) -> Path:
-        self._spill_seq += 1  # a fresh name each time: a file being removed later never collides
-        return self.spill_dir / f"{e.key}-{self._spill_seq}.spill"
-
-    def _account(self, e: _Entry, tier: str, sign: int) -> None:
-        self._used[tier] += sign * e.layout.nbytes
-        if sign > 0:
-            self._lru[tier][e.key] = e
-        else:
-            self._lru[tier].pop(e.key, None)
-
-    def _fits(self, tier: str, nbytes: int) -> bool:
-        budget = self.budgets[tier]
-        return budget is None or nbytes <= budget
-
-    def _place(self, e: _Entry) -> str:
-        reasons = []
-        for tier in TIERS:
-            if not self._fits(tier, e.layout.nbytes):
-                reasons.append(f"{tier} budget {self.budgets[tier]} B is smaller than the object")
-                continue
-            try:
-                if self._make_room(tier, e.layout.nbytes, None):
-                    return tier
-                reasons.append(f"{tier} tier full of pinned or unspillable objects")
-            except StoreFull as err:
-                reasons.append(f"{tier}: {err}")
-        raise StoreFull(f"no tier can hold {e.name} ({e.layout.nbytes} bytes): " + "; ".join(reasons))
-
-    def _make_room(self, tier: str, nbytes: int, exclude: _Entry | None) -> bool:
-        """Evict LRU unpinned objects of ``tier`` down until ``nbytes`` fit. False if impossible."""
-        budget = self.budgets[tier]
-        if tier == "disk":
-            return budget is None or self._used["disk"] + nbytes <= budget
-        if nbytes > budget:
-            return False
-        victims = [v for v in self._lru[tier].values() if not v.pins and v is not exclude]
-        if self._used[tier] - sum(v.layout.nbytes for v in victims) + nbytes > budget:
-            return False
-        for v in victims:
-            if self._used[tier] + nbytes <= budget:
-                break
-            below = "host" if tier == "device" and self._fits("host", v.layout.nbytes) else "disk"
-            if below == "host" and not self._make_room("host", v.layout.nbytes, exclude):
-                below = "disk"
-            if below == "disk" and not self._make_room("disk", v.layout.nbytes, exclude):
-                raise StoreFull(f"the disk budget ({self.budgets['disk']} B) is full; cannot spill {v.name}")
-            self._move(v, below)
-        pool = self._backend.device_pool if tier == "device" else self._backend.host_pool
-        if pool is not None:
-            pool.trim(budget - self._used[tier] - nbytes)
-        return True
-
-    def _move(self, e: _Entry, target: str) -> None:
-        """Move one object between tiers, all or nothing."""
-        src, n, be = e.tier, e.layout.nbytes, self._backend
-        if target == "device" and not self._make_room("device", n, e):
-            raise StoreFull(f"the device tier cannot make room for {e.name} ({n} bytes)")
-        start = time.perf_counter()
-        if src == "disk":
-            staged = target == "host" or isinstance(be, CudaBackend)
-            buf = be.host_alloc(n) if staged else be.device_alloc(n)
-            try:
-                read_spill(e.record, memoryview(buf), e.name, e.key)
-            except CorruptObject as err:
-                self._lose(e, str(err))
-                raise
-            if target == "device" and staged:
-                dev = be.device_alloc(n)
-                be.copy_h2d(dev, buf)
-                self._free(buf, "host")
-                buf = dev
-            remove_later(e.record.path)
-            new, record = buf, None
-        elif target == "disk":
-            view = e.data if src == "host" else be.device_view(e.data)
-            staging = None
-            if view is None:  # real device memory: stage through pinned host
-                staging = view = be.host_alloc(n)
-                be.copy_d2h(staging, e.data)
-            try:
-                record = write_spill(self._spill_path(e), memoryview(view), self._meta(e), self.chunk_bytes)
-            finally:
-                del view
-                if staging is not None:
-                    self._free(staging, "host")
-            new = None
-        elif target == "host":  # device -> host
-            new, record = be.host_alloc(n), None
-            be.copy_d2h(new, e.data)
-        else:  # host -> device
-            new, record = be.device_alloc(n), None
-            be.copy_h2d(new, e.data)
-        seconds = time.perf_counter() - start
-        old, pooled = e.data, e.pooled
-        e.data, e.record = new, record
-        e.pooled = new is not None
-        self._account(e, src, -1)
-        e.tier = target
-        self._account(e, target, +1)
-        if old is not None and pooled:
-            self._free(old, src)
-        del old
-        self._transfers.record(f"{src}->{target}", n, seconds)
-
-    def _free(self, buf: Any, tier: str) -> None:
-        pool = self._backend.device_pool if tier == "device" else self._backend.host_pool
-        if pool is not None and isinstance(buf, np.ndarray):
-            budget = self.budgets[tier]
-            pool.give(buf, max(0, budget - self._used[tier]), held=2)
-
-    def _lose(self, e: _Entry, why: str) -> None:
-        self._account(e, e.tier, -1)
-        if e.record is not None:
-            _unlink(e.record.path)
-        e.data, e.record, e.lost = None, None, why
-        self._transfers.lost += 1
-
-    def _drop(self, e: _Entry) -> None:
-        self._entries.pop(e.key, None)
-        if not e.lost:
-            self._account(e, e.tier, -1)
-        if e.record is not None:
-            _unlink(e.record.path)
-        data, e.data, e.record = e.data, None, None
-        if data is not None and e.pooled:
-            self._free(data, e.tier)
-        del data
-        self._exports.pop(e.key, None)
-        shm = self._segments.pop(e.key, None)
-        if shm is not None:
-            _share.close_segment(shm)
 
     def _copy_in(self, host_buf: np.ndarray, obj: Any) -> None:
         if isinstance(self._backend, CudaBackend) and not isinstance(obj, np.ndarray) and obj.device.type == "cuda":
@@ -644,8 +404,3 @@ class Store:
         return obj if device in (None, "cpu") else to_device(obj, device)
 
 
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
