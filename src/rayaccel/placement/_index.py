@@ -34,7 +34,9 @@ class TopoIndex:
     numa: list[int | None]
     nic_near: list[bool]
     failed: frozenset[int]  # positions
-    cache: dict = field(default_factory=dict)  # (free mask, k, flags) -> search result
+    cache: dict = field(default_factory=dict)  # per-topology precomputation (tables, twin classes): never evicted
+    results: dict = field(default_factory=dict)  # (free mask, k, flags) -> search result (bounded, cleared when full)
+    rings: dict = field(default_factory=dict)  # device-set mask -> best ring order (bounded, cleared when full)
 
     @property
     def n(self) -> int:

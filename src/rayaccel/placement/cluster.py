@@ -26,7 +26,7 @@ from typing import Sequence
 
 from ..topology import PCIE_CLASSES
 from ..errors import RequestError
-from .node import allocate, allocate_raw
+from .node import Decision, allocate, decide, materialize
 from .request import Request, make_request
 from .result import Allocation, GangAllocation, Rejection
 from .state import NodeState
@@ -82,10 +82,13 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
         lines = [f"{n} node(s): {why} (e.g. {examples[why]})" for why, n in reasons.most_common(4)]
         return Rejection((f"no node of {len(nodes)} can place it", *lines), req)
     i = ranks.index(top)
-    return replace(got[i][1], node=nodes[i].node_id)
+    win = got[i][1]
+    if isinstance(win, Decision):
+        win = materialize(win)
+    return win if win.node == nodes[i].node_id else replace(win, node=nodes[i].node_id)
 
 
-def node_rank(state: NodeState, alloc: Allocation) -> tuple:
+def node_rank(state: NodeState, alloc: Allocation | Decision) -> tuple:
     """How the cluster placer ranks a node's allocation (higher is better; ties go to the earlier node).
 
     1. the set's interconnect class: all pairs directly linked (NVLink/xGMI), else PCIe;
@@ -95,31 +98,42 @@ def node_rank(state: NodeState, alloc: Allocation) -> tuple:
        nodes for large jobs), then the node left with the fewest free devices
        (best fit);
     4. criteria 1-3 of the set (weakest link, total bandwidth, NUMA, NIC).
+
+    ``alloc`` may be a :class:`~.node.Decision` (the same ranking, computed before
+    the allocation is materialized).
     """
-    sc = alloc.score
     n = len(state.topology.devices)
-    taken = len(state.taken())
-    k = len(alloc.devices)
-    if sc is None or alloc.request.kind != "devices":  # MIG / shared memory: best score, then best fit
-        return (sc.key() if sc is not None else (), -(n - taken - k))
-    direct = 1 if k == 1 or (sc.weakest_rank is not None and sc.weakest_rank[0] == _DIRECT_CLASS) else 0
+    taken = len(state.taken()) if state.busy_partitions else state.key[1].bit_count()
+    if isinstance(alloc, Decision):
+        k = alloc.request.gpus
+        weakest, key = alloc.weakest_rank, alloc.key
+    else:
+        sc = alloc.score
+        k = len(alloc.devices)
+        if sc is None or alloc.request.kind != "devices":  # MIG / shared memory: best score, then best fit
+            return (sc.key() if sc is not None else (), -(n - taken - k))
+        weakest, key = sc.weakest_rank, sc.key()
+    direct = 1 if k == 1 or (weakest is not None and weakest[0] == _DIRECT_CLASS) else 0
     best = _idle_best(state, alloc.request)
-    reaches = 1 if best is None or sc.weakest_rank == best else 0
-    return (direct, reaches, 1 if taken else 0, -(n - taken - k), sc.key())
+    reaches = 1 if best is None or weakest == best else 0
+    return (direct, reaches, 1 if taken else 0, -(n - taken - k), key)
 
 
 def _evaluate(st: NodeState, req: Request) -> tuple:
-    alloc = allocate_raw(st, req)
-    if not alloc:
-        return ((), alloc)
-    return (node_rank(st, alloc), alloc)
+    d = decide(st, req)
+    if not d:
+        return ((), d)
+    return (node_rank(st, d), d)
 
 
 def _idle_best(state: NodeState, request: Request):
     ck = (state.key[0], request)
     if ck not in _IDLE:
-        a = allocate_raw(NodeState(state.topology), request)
-        _IDLE[ck] = a.score.weakest_rank if a and a.score is not None else None
+        a = decide(NodeState(state.topology), request)
+        if isinstance(a, Decision):
+            _IDLE[ck] = a.weakest_rank
+        else:
+            _IDLE[ck] = a.score.weakest_rank if a and a.score is not None else None
     return _IDLE[ck]
 
 

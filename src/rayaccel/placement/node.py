@@ -20,6 +20,8 @@ Criteria 1-3 come from the exact search of :mod:`.search`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from ..units import format_bytes
 from ._index import TopoIndex, index_of
 from ._table import pack_quality, table_of
@@ -30,16 +32,44 @@ from .search import EXACT_UP_TO, SearchResult, best_sets
 from .state import NodeState
 
 TIE_CAP = 12
-_CACHE: dict = {}
+_CACHE: dict = {}  # (state key, request) -> Allocation | Rejection
+_DECISIONS: dict = {}  # (state key, request) -> Decision | Allocation | Rejection
 _CACHE_MAX = 200_000
+
+
+@dataclass(eq=False, slots=True)
+class Decision:
+    """A node's choice of devices before the costly parts of its :class:`Allocation`.
+
+    Criteria 1-4 are settled here (the chosen set is final); what only a person
+    or the winning node needs -- the ring order, the all-reduce model, the
+    scores of the runners-up -- is left to :func:`materialize`. The cluster
+    placer ranks nodes on decisions and materializes only the winner.
+
+    Attributes:
+        state / request: what was decided on. chosen: the set (position mask).
+        res: the search result (tied sets, runners, optimality). quality: criterion 4
+        of the chosen set, or None. losers: ``(mask, quality)`` of tied sets not chosen.
+        why: tie-break sentences. weakest_rank: Link.rank of the weakest pair (None for
+        one device). key: equal to ``Score.key()`` of the materialized allocation.
+    """
+
+    state: NodeState
+    request: Request
+    chosen: int
+    res: SearchResult
+    quality: tuple | None
+    losers: tuple
+    why: tuple[str, ...]
+    weakest_rank: tuple | None
+    key: tuple
+    alloc: Allocation | None = None
 
 
 def allocate(state: NodeState, request: Request) -> Allocation | Rejection:
     """Place ``request`` on one node. Results are cached per (state key, request)."""
     hit = allocate_raw(state, request)
     if state.node_id is not None and hit.node != state.node_id:
-        from dataclasses import replace
-
         return replace(hit, node=state.node_id)
     return hit
 
@@ -48,6 +78,19 @@ def allocate_raw(state: NodeState, request: Request) -> Allocation | Rejection:
     """Like :func:`allocate` but the cached answer as is (its ``node`` may name another node of equal state)."""
     ck = (state.key, request)
     hit = _CACHE.get(ck)
+    if hit is None:
+        d = decide(state, request)
+        hit = materialize(d) if isinstance(d, Decision) else d
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[ck] = hit
+    return hit
+
+
+def decide(state: NodeState, request: Request) -> Decision | Allocation | Rejection:
+    """The node's choice: a :class:`Decision` for whole devices (an Allocation for MIG / shared). Cached."""
+    ck = (state.key, request)
+    hit = _DECISIONS.get(ck)
     if hit is None:
         if request.kind == "mig":
             from .mig import place_instance
@@ -58,11 +101,24 @@ def allocate_raw(state: NodeState, request: Request) -> Allocation | Rejection:
 
             hit = place_shared(state, request)
         else:
-            hit = _allocate_devices(state, request)
-        if len(_CACHE) >= _CACHE_MAX:
-            _CACHE.clear()
-        _CACHE[ck] = hit
+            hit = _decide_devices(state, request)
+        if len(_DECISIONS) >= _CACHE_MAX:
+            _DECISIONS.clear()
+        _DECISIONS[ck] = hit
     return hit
+
+
+def _plain_mask(ix: TopoIndex) -> int:
+    """Positions usable for whole-device requests on an idle node (not failed, not in MIG mode). Cached."""
+    got = ix.cache.get("plain")
+    if got is None:
+        mig = {d.index for d in ix.topology.devices if d.mig_mode}
+        got = ix.cache["plain"] = sum(1 << i for i, d in enumerate(ix.indices) if i not in ix.failed and d not in mig)
+    return got
+
+
+def _failed_mask(ix: TopoIndex) -> int:
+    return sum(1 << i for i in ix.failed)
 
 
 def free_mask(ix: TopoIndex, state: NodeState) -> int:
@@ -156,12 +212,18 @@ def free_quality(ix: TopoIndex, rest: int, k: int) -> tuple:
     return (lv, bw)
 
 
-def _allocate_devices(state: NodeState, request: Request) -> Allocation | Rejection:
+def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
     ix = index_of(state.topology)
     k = request.gpus
-    mask, excluded = eligible(ix, state, request)
-    n_free = bin(mask).count("1")
+    if request.vendor or request.model or request.gpu_memory is not None or state.busy_partitions:
+        mask, excluded = eligible(ix, state, request)
+    else:  # the common case, from the state key: not taken, not failed, not in MIG mode
+        mask = _plain_mask(ix) & ~state.key[1]
+        excluded = None
+    n_free = mask.bit_count()
     if n_free < k:
+        if excluded is None:
+            excluded = eligible(ix, state, request)[1]
         head = f"only {n_free} device{'s' if n_free != 1 else ''} free{' that match' if request.vendor or request.model or request.gpu_memory else ''}, {k} asked"
         if ix.n < k:
             head = f"the node has {ix.n} device{'s' if ix.n != 1 else ''}, {k} asked"
@@ -174,8 +236,9 @@ def _allocate_devices(state: NodeState, request: Request) -> Allocation | Reject
     why: list[str] = []
     chosen = res.sets[0]
     losers: list[tuple[int, tuple]] = []
+    quality = None
     if len(res.sets) > 1 and ix.n <= EXACT_UP_TO:
-        pool = free_mask(ix, state)
+        pool = free_mask(ix, state) if state.busy_partitions else (((1 << ix.n) - 1) & ~state.key[1]) & ~_failed_mask(ix)
         scored = [(free_quality(ix, pool & ~m, k), m) for m in res.sets]
         best_q = max(q for q, _ in scored)
         winners = [m for q, m in scored if q == best_q]
@@ -186,23 +249,42 @@ def _allocate_devices(state: NodeState, request: Request) -> Allocation | Reject
         quality = best_q
     elif len(res.sets) > 1:
         why.append(f"{len(res.sets)} sets tie on criteria 1-3; lowest indices taken (criterion 4 is computed up to {EXACT_UP_TO} devices)")
-        quality = None
-    else:
-        quality = None
-    score = score_of(ix, chosen, res, request.nic, quality)
+    weakest_rank, key = _key_of(ix, chosen, request.nic)
+    return Decision(state, request, chosen, res, quality, tuple(losers), tuple(why), weakest_rank, key)
+
+
+def _key_of(ix: TopoIndex, mask: int, with_nic: bool) -> tuple[tuple | None, tuple]:
+    """(weakest-link rank or None, ``Score.key()``) of the set ``mask``, without building a Score."""
+    tb = table_of(ix)
+    if tb is not None:
+        lvl, mgbps, neg_numa, near = tb.decode(mask, with_nic)
+        weakest = ix.levels[lvl] if mask & (mask - 1) else None
+        return weakest, (weakest if weakest is not None else (99, 0.0), round(mgbps / 1000.0, 3), neg_numa, near)
+    sc = score_of(ix, mask, None, with_nic, allreduce=False)
+    return sc.weakest_rank, sc.key()
+
+
+def materialize(d: Decision) -> Allocation:
+    """The full :class:`Allocation` of a decision: ring order, all-reduce model, scored runners-up. Kept on ``d``."""
+    if d.alloc is not None:
+        return d.alloc
+    state, request, res, chosen = d.state, d.request, d.res, d.chosen
+    ix = index_of(state.topology)
+    score = score_of(ix, chosen, res, request.nic, d.quality)
     order = [ix.indices[p] for p in ring(ix, [i for i in range(ix.n) if chosen >> i & 1])]
-    runners = [(tuple(ix.devices_of(m)), score_of(ix, m, res, request.nic, q, allreduce=False)) for m, q in losers[:3]]
+    runners = [(tuple(ix.devices_of(m)), score_of(ix, m, res, request.nic, q, allreduce=False)) for m, q in d.losers[:3]]
     runners += [(tuple(ix.devices_of(m)), score_of(ix, m, None, request.nic, allreduce=False)) for _, m in res.runners[:3]]
-    devs = {d.index: d for d in state.topology.devices}
-    return Allocation(
+    devs = {dv.index: dv for dv in state.topology.devices}
+    d.alloc = Allocation(
         devices=tuple(order),
         request=request,
         score=score,
-        memory_bytes={d: devs[d].memory_bytes for d in order},
+        memory_bytes={i: devs[i].memory_bytes for i in order},
         node=state.node_id,
         runners_up=tuple(runners[:5]),
-        why=tuple(why),
+        why=d.why,
     )
+    return d.alloc
 
 
 def _why_none(ix: TopoIndex, mask: int, request: Request) -> list[str]:

@@ -104,15 +104,16 @@ def best_sets(ix: TopoIndex, free_mask: int, k: int, *, nvlink: bool = False, ni
         same_numa: all devices on one NUMA node. tie_cap: how many tied sets to keep.
     """
     ck = (free_mask, k, nvlink, nic, same_numa, tie_cap)
-    hit = ix.cache.get(ck)
-    if hit is not None or ck in ix.cache:
+    cache = ix.results
+    hit = cache.get(ck)
+    if hit is not None or ck in cache:
         return hit
     tb = table_of(ix)
     if tb is not None:
         result = table_best(tb, free_mask, k, nvlink, nic, same_numa, tie_cap)
-        if len(ix.cache) > 100_000:
-            ix.cache.clear()
-        ix.cache[ck] = result
+        if len(cache) > 100_000:
+            cache.clear()
+        cache[ck] = result
         return result
     free = [i for i in range(ix.n) if free_mask >> i & 1]
     if same_numa:
@@ -125,9 +126,9 @@ def best_sets(ix: TopoIndex, free_mask: int, k: int, *, nvlink: bool = False, ni
             result = _merge(result, r, tie_cap)
     else:
         result = _search(ix, free, k, nvlink, nic, tie_cap)
-    if len(ix.cache) > 100_000:
-        ix.cache.clear()
-    ix.cache[ck] = result
+    if len(cache) > 100_000:
+        cache.clear()
+    cache[ck] = result
     return result
 
 
