@@ -19,6 +19,17 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_topology": "rayaccel.discovery",
     "discover": "rayaccel.discovery",
+    "plan": "rayaccel.placement",
+    "Request": "rayaccel.placement",
+    "Allocation": "rayaccel.placement",
+    "Rejection": "rayaccel.placement",
+    "NodeState": "rayaccel.placement",
+    "init": "rayaccel.ray",
+    "shutdown": "rayaccel.ray",
+    "remote": "rayaccel.ray",
+    "gang": "rayaccel.ray",
+    "get_devices": "rayaccel.ray",
+    "store": "rayaccel.ray.store",
 }
 
 __all__ = sorted(

@@ -19,9 +19,13 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from . import topo
+    from . import bench, cluster, path, plan, topo
 
-    topo.register(app)
+    topo_app = topo.register(app)
+    path.register(topo_app)
+    plan.register(app)
+    bench.register(app)
+    cluster.register(app)
 
 
 _register()

@@ -1,0 +1,217 @@
+"""Gangs: N workers of k devices each, reserved all at once, with torch.distributed ready.
+
+::
+
+    with rayaccel.gang(workers=2, gpus_per_worker=4, strategy="pack") as g:
+        sums = g.run(train_step, batch)     # fn runs on every worker, rank order
+
+Placement comes from :func:`rayaccel.placement.place_gang` (ranks in topology
+order). The reservation is one Ray placement group whose bundle ``i`` asks for
+exactly worker ``i``'s device resources plus a pin to its node (``NODE_PIN`` of
+the node marker), so Ray grants all bundles or none. Workers are actors in the
+group. On the first :meth:`Gang.run` every worker calls
+``torch.distributed.init_process_group`` (NCCL on real GPUs, gloo on simulated
+nodes) with rank 0's node IP and a free port as the rendezvous.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any, Callable
+
+from ..errors import ClusterError, Unsatisfiable
+
+log = logging.getLogger(__name__)
+_WORKER_CLS: Any = None
+
+
+class _GangWorker:
+    """One gang member (an actor; see :func:`_worker_cls`)."""
+
+    def __init__(self, spec: Any, rank: int):
+        from . import registry
+        from .worker import setup
+
+        self.rank = rank
+        self.assignment, _ = setup(spec)
+        registry.announce(spec, "gang")
+        self.dist = False
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+
+        s = socket.socket()
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+        s.close()
+        return ray.util.get_node_ip_address(), port
+
+    def init_dist(self, world: int, addr: str, port: int, backend: str, timeout_s: float) -> int:
+        import datetime
+        import os
+
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(self.rank),
+                          WORLD_SIZE=str(world), LOCAL_RANK="0")
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        self.dist = True
+        return self.rank
+
+    def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        return fn(*args, **kwargs)
+
+    def close(self) -> None:
+        if self.dist:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self.dist = False
+
+
+def _worker_cls() -> Any:
+    global _WORKER_CLS
+    if _WORKER_CLS is None:
+        import ray
+
+        _WORKER_CLS = ray.remote(_GangWorker)
+    return _WORKER_CLS
+
+
+class Gang:
+    """A reserved group of workers (see module docstring). Use :func:`gang` to make one.
+
+    Attributes:
+        allocation: the :class:`~rayaccel.placement.GangAllocation` (rank order).
+        placement_group: the Ray placement group. workers: actor handles, rank order.
+        backend: ``"nccl"`` or ``"gloo"``.
+    """
+
+    def __init__(self, workers: int, gpus_per_worker: int, strategy: str = "pack", interconnect: str = "any",
+                 *, backend: str | None = None, timeout_s: float = 60.0, name: str = "gang", **fields: Any):
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from ..placement import place_gang
+        from . import context
+        from .resources import NODE_PIN, allocation_resources, node_resource
+        from .view import node_state
+        from .worker import Spec
+
+        context.ensure_connected()
+        nodes = context.view().nodes(fresh=True)
+        if not nodes:
+            raise Unsatisfiable("the cluster has no rayaccel-managed nodes")
+        recent = context.recent_claims(nodes)
+        ga = place_gang([node_state(n, recent.get(n.node_id)) for n in nodes], workers, gpus_per_worker,
+                        strategy=strategy, interconnect=interconnect, **fields)
+        if not ga:
+            idle = place_gang([node_state(n, ignore_ray=True) for n in nodes], workers, gpus_per_worker,
+                              strategy=strategy, interconnect=interconnect, **fields)
+            if not idle:
+                raise Unsatisfiable(f"no placement can ever hold {workers} workers x {gpus_per_worker} devices "
+                                    f"({strategy}): " + "; ".join(idle.reasons))
+            ga = idle  # wait for these devices: the placement group queues until they are free
+        by_id = {n.node_id: n for n in nodes}
+        self.allocation = ga
+        self.name = name
+        self.timeout_s = timeout_s
+        self.nodes = [by_id[a.node] for a in ga.workers]
+        self.bundles = []
+        specs = []
+        for i, (a, n) in enumerate(zip(ga.workers, self.nodes)):
+            res = allocation_resources(n.topology, a.devices)
+            res[node_resource(n.node_key)] = NODE_PIN
+            self.bundles.append(res)
+            specs.append(Spec(node_key=n.node_key, node_id=n.node_id, devices=tuple(a.devices),
+                              name=f"{name}[rank {i}]"))
+        one_node = len({n.node_id for n in self.nodes}) == 1
+        self.placement_group = placement_group(self.bundles, strategy="STRICT_PACK" if one_node else "PACK")
+        ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
+        if not ready:
+            remove_placement_group(self.placement_group)
+            raise ClusterError(f"gang {name!r}: the placement group was not granted within {timeout_s:.0f} s "
+                               f"(devices still held by other work)")
+        for n, b in zip(self.nodes, self.bundles):
+            context.claims().add(n.node_id, b, None, context.effective(n, b, recent.get(n.node_id)))
+        self.backend = backend or ("gloo" if any(n.record.simulated for n in self.nodes) else "nccl")
+        cls = _worker_cls()
+        self.workers = [
+            cls.options(num_cpus=0, resources=b, name=None,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i))
+            .remote(spec, i)
+            for i, (b, spec) in enumerate(zip(self.bundles, specs))
+        ]
+        self._dist_ready = False
+        self._closed = False
+
+    @property
+    def world_size(self) -> int:
+        """Number of workers."""
+        return len(self.workers)
+
+    def _init_dist(self) -> None:
+        import ray
+
+        addr, port = ray.get(self.workers[0].rendezvous.remote(), timeout=self.timeout_s)
+        ray.get([w.init_dist.remote(self.world_size, addr, port, self.backend, self.timeout_s)
+                 for w in self.workers], timeout=self.timeout_s + 30)
+        self._dist_ready = True
+
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
+        """Run ``fn(*args, **kwargs)`` on every worker with torch.distributed initialised; results in rank order.
+
+        Raises:
+            ClusterError: the gang was shut down.
+        """
+        import ray
+
+        if self._closed:
+            raise ClusterError(f"gang {self.name!r} was shut down")
+        if not self._dist_ready:
+            self._init_dist()
+        return ray.get([w.run.remote(fn, args, kwargs) for w in self.workers])
+
+    def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
+        """Like :meth:`run` but returns the ObjectRefs without waiting."""
+        if not self._dist_ready:
+            self._init_dist()
+        return [w.run.remote(fn, args, kwargs) for w in self.workers]
+
+    def shutdown(self) -> None:
+        """Tear down torch.distributed, kill the workers and free the placement group (idempotent)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self._closed:
+            return
+        self._closed = True
+        if self._dist_ready:
+            try:
+                ray.get([w.close.remote() for w in self.workers], timeout=10)
+            except (ray.exceptions.RayError, TimeoutError) as e:  # a dead worker: killing below still frees it
+                log.warning("gang %s: closing torch.distributed failed: %s", self.name, e)
+        for w in self.workers:
+            ray.kill(w)
+        remove_placement_group(self.placement_group)
+
+    def __enter__(self) -> "Gang":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def gang(workers: int, gpus_per_worker: int = 1, strategy: str = "pack", interconnect: str = "any",
+         **kwargs: Any) -> Gang:
+    """Reserve ``workers`` x ``gpus_per_worker`` devices at once (all or nothing); see :class:`Gang`.
+
+    Raises:
+        Unsatisfiable: no placement could ever hold the gang.
+        ClusterError: the reservation was not granted within ``timeout_s``.
+        RequestError: bad strategy or counts.
+    """
+    return Gang(workers, gpus_per_worker, strategy, interconnect, **kwargs)
