@@ -75,42 +75,75 @@ def _status(address: str = typer.Option("auto", "--address", help="Ray address t
     del ray
 
 
-def _demo(out: Path = typer.Option(Path("rayaccel-demo"), "--out", help="Directory for the picture and demo.json."),
-          quick: bool = typer.Option(False, "--quick", help="Two nodes and fewer jobs.")) -> None:
-    """Run a mixed workload on a (simulated) cluster and compare with plain Ray's choices."""
+def _demo(out: Path = typer.Option(Path("rayaccel-demo"), "--out", help="Directory for placement.png and demo.json."),
+          quick: bool = typer.Option(False, "--quick", help="Two nodes and fewer jobs (about half the time).")) -> None:
+    """Run a mixed workload on a (simulated) cluster, next to what plain Ray num_gpus would have picked."""
     from rich.table import Table
 
     from ..ray.demo import run_demo
 
     res = run_demo(out, quick=quick, log=lambda m: console.print(f"[dim]{m}[/]"))
-    table = Table(title="where each piece landed: rayaccel vs plain Ray num_gpus (same node, same free state)",
-                  title_justify="left")
-    for col in ("job", "asks", "node", "rayaccel: devices link GB/s", "plain Ray: devices link GB/s", "note"):
-        table.add_column(col)
+    table = Table(title="where each job landed: rayaccel (run on Ray) vs plain Ray num_gpus (shadow cluster, same "
+                        "arrivals and departures)", title_justify="left", show_lines=True)
+    for col, kw in (("job", {"style": "bold", "no_wrap": True}), ("asks", {}), ("rayaccel", {}),
+                    ("plain Ray", {}), ("note", {"style": "dim"})):
+        table.add_column(col, **kw)
 
-    def cell(devs, link, bw) -> str:
-        if not devs:
-            return "-"
-        text = ",".join(map(str, devs))
-        if len(devs) > 1:
-            text += f" {link} {bw:.0f}"
-        return text
+    def cell(side: dict, other: dict) -> str:
+        if not side.get("placed"):
+            return "[red]queued[/]"
+        nodes, devs = side["nodes"], side["devices"]
+        where = []
+        for i, (n, d) in enumerate(zip(nodes, devs)):
+            parts = side["partitions"][i]
+            text = ",".join(map(str, d))
+            if parts:
+                text = f"MIG {','.join(parts)}"
+            elif side["memory_bytes"][i]:
+                text = f"{text} (shared)"
+            elif side.get("whole_for_fraction"):
+                text = f"{text} (whole)"
+            if not where or where[-1][0] != n:
+                where.append([n, text])
+            else:
+                where[-1][1] += f",{text}"
+        lines = [f"{n}: {t}" for n, t in where]
+        bw = side.get("bandwidth_gbps")
+        if bw is not None:
+            ob = other.get("bandwidth_gbps")
+            colour = "green" if ob is not None and bw > ob + 1e-6 else "red" if ob is not None and bw < ob - 1e-6 else ""
+            link = f"{side['link']} {bw:g} GB/s"
+            lines.append(f"[{colour}]{link}[/]" if colour else link)
+        return "\n".join(lines)
 
     for r in res["rows"]:
-        ours = cell(r["devices"], r["extra"].get("link"), r["bandwidth_gbps"] or 0)
-        theirs = cell(r["ray_devices"], r["extra"].get("ray_link"), r["ray_bandwidth_gbps"] or 0)
-        better = bool(r["bandwidth_gbps"]) and r["ray_bandwidth_gbps"] is not None \
-            and r["bandwidth_gbps"] > r["ray_bandwidth_gbps"] + 1e-9
-        table.add_row(r["job"], r["request"], r["node"] or "-", f"[green]{ours}[/]" if better else ours, theirs,
-                      r["note"])
+        end = "" if r["end"] is None or r["kind"] == "task" else f", ends {r['end']}"
+        table.add_row(f"{r['job']}\n[dim]at {r['start']}{end}[/]", f"{r['asks']}\n[dim]{r['what']}[/]",
+                      cell(r["ours"], r["ray"]), cell(r["ray"], r["ours"]), r["note"])
     console.print(table)
     t = res["totals"]
+    summary = Table(title="totals", title_justify="left", show_header=True)
+    for col in ("", "rayaccel", "plain Ray"):
+        summary.add_column(col)
+    if t["multi_gpu_jobs"]:
+        summary.add_row(f"modeled all-reduce GB/s over {t['multi_gpu_jobs']} multi-GPU jobs (sum / mean)",
+                        f"[bold green]{t['rayaccel_gbps_sum']:g} / {t['rayaccel_gbps_mean']:g}[/]",
+                        f"{t['ray_gbps_sum']:g} / {t['ray_gbps_mean']:g}")
+        summary.add_row("jobs on their node's best interconnect", f"{t['rayaccel_best']} of {t['multi_gpu_jobs']}",
+                        f"{t['ray_best']} of {t['multi_gpu_jobs']}")
+    if t["fraction_jobs"]:
+        summary.add_row(f"GPUs held by the {t['fraction_jobs']} MIG / memory-share jobs",
+                        f"{t['rayaccel_gpu_share_of_fraction_jobs']:g} GPU-equivalents on "
+                        f"{t['rayaccel_gpus_for_fraction_jobs']} GPUs",
+                        f"{t['ray_gpus_for_fraction_jobs']} whole GPUs")
+    console.print(summary)
     if t["ratio"]:
-        console.print(f"[bold]modeled all-reduce bandwidth over {t['compared']} multi-GPU pieces:[/] rayaccel "
-                      f"{t['rayaccel_gbps']} GB/s vs plain Ray {t['ray_gbps']} GB/s = [bold]{t['ratio']}x[/] "
-                      f"({t['better']} placed better, the rest equal); plain Ray cannot express "
-                      f"{t['ray_cannot']} of the pieces (MIG, memory shares)")
-    console.print(f"picture of the final placement: [bold]{res['picture']}[/]; data: {res['json']} "
+        console.print(f"[bold]rayaccel: {t['ratio']}x the modeled all-reduce bandwidth of plain Ray[/] "
+                      f"({t['better']} jobs better, {t['worse']} worse, the rest equal)"
+                      + (f"; plain Ray queued {', '.join(t['ray_queued'])}" if t["ray_queued"] else ""))
+    if res["skipped"]:
+        console.print(f"skipped (do not fit this machine): {', '.join(res['skipped'])}")
+    console.print(f"final placement picture: [bold]{res['picture']}[/]\nresults: [bold]{res['json']}[/] "
                   f"({res['seconds']} s)")
 
 

@@ -1,21 +1,22 @@
-"""``rayaccel demo``: a mixed workload on a (simulated) cluster, next to what plain Ray would pick.
+"""``rayaccel demo``: a mixed workload really run on Ray, next to what plain Ray would have picked.
 
 Without GPUs: an embedded :class:`SimulatedCluster` of catalog machines (DGX-1
-V100, HGX H100, an 8-GPU two-socket PCIe box, an A100 with MIG instances). With
-GPUs: an embedded one-node cluster of the discovered machine (jobs that cannot
-fit are skipped and said so). The workload, all through ``rayaccel.remote`` /
-``rayaccel.gang`` on real Ray:
+V100 as the head, HGX H100, an 8-GPU two-socket PCIe box, an A100 with MIG
+instances). With GPUs: an embedded one-node cluster of the discovered machine
+(jobs that can never fit it are skipped and said so).
 
-* training gangs (2 workers x 2 GPUs each) running a real torch.distributed
-  all-reduce (gloo in simulation);
-* a 4-GPU fine-tuning actor that wants NVLink;
-* single-GPU and 2-GPU tasks;
-* inference actors sharing GPUs by memory;
-* MIG jobs.
+The workload (:func:`rayaccel.ray.demo_model.workload`) is a sequence of
+arrivals and departures: inference singles first, MIG jobs, inference actors
+sharing GPUs by memory, then training gangs that run a real torch.distributed
+all-reduce (gloo in simulation) and a cross-node gang. Every rayaccel piece is
+submitted through ``rayaccel.remote`` / ``rayaccel.gang`` and reports its devices
+from inside the worker (``rayaccel.get_devices()``); departures kill the actor or
+shut the gang down and wait until Ray shows the devices free again.
 
-For every piece, the "plain Ray" column is what ``num_gpus`` would get on the
-same node from the same free state: the raylet takes the lowest free indices
-(:func:`rayaccel.placement.baselines.first_free`). Bandwidth is the modeled ring
+Plain Ray is a *shadow* cluster state that evolves only with plain Ray's own
+choices through the same event sequence (see :mod:`.demo_model` for how its
+hybrid node choice and lowest-free-index device choice are emulated); MIG and
+memory-share jobs take a whole GPU there. Bandwidth is the modeled ring
 all-reduce bandwidth (:func:`rayaccel.placement.allreduce_bandwidth_gbps`).
 """
 
@@ -23,80 +24,142 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-DEMO_NODES = ("dgx1-v100", "hgx-h100", "pcie-8gpu-2socket", "a100-mig")
+from ..errors import ClusterError
+from .demo_model import DEMO_NODES, QUICK_NODES, Job, Placed, Shadow, replay, totals, workload
 
-
-@dataclass
-class Row:
-    """One piece of the workload and where it landed."""
-
-    job: str
-    kind: str
-    request: str
-    node: str = ""
-    devices: tuple = ()
-    bandwidth_gbps: float | None = None
-    ray_devices: tuple | None = None
-    ray_bandwidth_gbps: float | None = None
-    note: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-def _weakest(topo: Any, devices: tuple) -> str:
-    worst = None
-    for i, a in enumerate(devices):
-        for b in devices[i + 1:]:
-            link = topo.link(a, b)
-            r = topo.rank(a, b)
-            if worst is None or r < worst[0]:
-                worst = (r, link.label if link else "?")
-    return worst[1] if worst else "-"
+__all__ = ["DEMO_NODES", "QUICK_NODES", "run_demo"]
 
 
 def _allreduce(n: int) -> tuple:
     import torch
     import torch.distributed as dist
 
-    import rayaccel.ray as rr
-
     t = torch.full((n,), float(dist.get_rank() + 1))
     dist.all_reduce(t)
-    return dist.get_rank(), float(t[0]), rr.get_devices().indices
+    return dist.get_rank(), float(t[0]), _where()
 
 
 def _where() -> tuple:
     import rayaccel.ray as rr
 
     a = rr.get_devices()
-    return a.node_id, a.indices, a.visible
+    return (a.node_id, a.indices, tuple(p.key for p in a.partitions),
+            {int(d): int(b) for d, b in (a.memory_bytes or {}).items()}, a.visible)
 
 
 class _Holder:
-    """A long-lived actor body: keeps its devices until the demo ends."""
+    """A long-lived actor body (an inference server): keeps its devices until killed."""
 
     def where(self) -> tuple:
         return _where()
 
 
-def run_demo(out: str | Path = "rayaccel-demo", *, quick: bool = False, nodes: tuple = DEMO_NODES,
-             log: Callable[[str], None] = print) -> dict:
-    """Run the demo; return ``{"rows": [...], "totals": {...}, "picture": path, "json": path}``.
+def _fits_ever(nodes: list, job: Job) -> bool:
+    from ..placement import NodeState, place, place_gang
+
+    idle = [NodeState(t, node_id=n) for n, t in nodes]
+    if job.kind == "gang":
+        return bool(place_gang(idle, job.workers, job.request.gpus, strategy=job.strategy))
+    return bool(place(idle, job.request))
+
+
+class _Live:
+    """rayaccel's side of the demo: really runs each job on Ray and reports where it landed."""
+
+    def __init__(self, names: dict[str, str], nodes: list, log: Callable[[str], None]):
+        self.names, self.topos, self.log = names, dict(nodes), log
+        self.handles: dict[str, Any] = {}
+        self.placed: dict[str, list[Placed]] = {}
+        self.notes: dict[str, str] = {}
+
+    def _placed(self, where: tuple, shared: bool) -> Placed:
+        node_id, devs, parts, mem, visible = where
+        return Placed(self.names[node_id], tuple(devs), tuple(parts), dict(mem) if shared else {})
+
+    def start(self, job: Job, i: int) -> list[Placed] | None:
+        import ray
+
+        from . import gangs, tasks
+
+        req = job.request
+        fields = dict(job.fields)
+        if job.kind == "gang":
+            g = gangs.gang(workers=job.workers, gpus_per_worker=req.gpus, strategy=job.strategy, name=job.name)
+            self.handles[job.name] = g
+            res = g.run(_allreduce, 1 << 16)
+            want = float(sum(range(1, job.workers + 1)))
+            ok = all(abs(r[1] - want) < 1e-6 for r in res)
+            self.notes[job.name] = f"all-reduce {'ok' if ok else 'WRONG'} ({g.backend}, {job.workers} ranks)"
+            placed = [self._placed(r[2], False) for r in res]
+        elif job.kind == "actor":
+            h = tasks.remote(num_cpus=0, name=job.name, **fields)(_Holder).remote()
+            self.handles[job.name] = h
+            placed = [self._placed(ray.get(h.where.remote(), timeout=60), req.kind == "shared")]
+        else:
+            fn = tasks.remote(num_cpus=0, name=job.name, **fields)(_where)
+            placed = [self._placed(ray.get(fn.remote(), timeout=60), req.kind == "shared")]
+        self.placed[job.name] = placed
+        return placed
+
+    def end(self, name: str) -> None:
+        import ray
+
+        h = self.handles.pop(name, None)
+        if h is None:
+            self._wait_free(name)
+            return
+        if hasattr(h, "shutdown"):
+            h.shutdown()
+        else:
+            ray.kill(h)
+        self._wait_free(name)
+
+    def _wait_free(self, name: str, timeout_s: float = 20.0) -> None:
+        """Block until Ray shows what job ``name`` held as available again (so the next plan sees it)."""
+        from ray._private import state
+
+        from .resources import allocation_resources
+
+        need: dict[str, dict[str, float]] = {}
+        for p in self.placed.get(name, []):
+            t = self.topos[p.node]
+            parts = [q for q in t.partitions() if q.key in p.partitions]
+            res = allocation_resources(t, () if (p.memory or p.partitions) else p.devices, parts, p.memory)
+            node_id = next(k for k, v in self.names.items() if v == p.node)
+            for r, v in res.items():
+                need.setdefault(node_id, {})[r] = need.get(node_id, {}).get(r, 0.0) + v
+        deadline = time.monotonic() + timeout_s
+        while need and time.monotonic() < deadline:
+            avail = state.available_resources_per_node()
+            if all(avail.get(n, {}).get(r, 0.0) >= v - 1e-6 for n, rs in need.items() for r, v in rs.items()):
+                return
+            time.sleep(0.05)
+        if need:
+            raise ClusterError(f"demo: {name}'s devices were not free again within {timeout_s:.0f} s")
+
+    def shutdown(self) -> None:
+        for name in list(self.handles):
+            h = self.handles.pop(name)
+            if hasattr(h, "shutdown"):
+                h.shutdown()
+
+
+def run_demo(out: str | Path = "rayaccel-demo", *, quick: bool = False, log: Callable[[str], None] = print) -> dict:
+    """Run the demo; write ``placement.png`` and ``demo.json`` under ``out``; return the JSON data.
+
+    Returns:
+        ``{"nodes", "rows", "totals", "picture", "json", "seconds", "simulated", "skipped"}``;
+        each row as from :func:`rayaccel.ray.demo_model.compare`, with ``ours`` measured
+        from inside the Ray workers and ``note``.
 
     Raises:
-        ClusterError: Ray is already initialised in this process.
+        ClusterError: Ray is already initialised in this process, or a departure did not free its devices.
     """
-    import ray
-
-    from .. import placement
-    from ..placement import baselines
-    from . import context, gangs, tasks
     from .cluster import SimulatedCluster
     from .node import init, node_topology, shutdown
-    from .view import node_state
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,138 +167,87 @@ def run_demo(out: str | Path = "rayaccel-demo", *, quick: bool = False, nodes: t
     topo, simulated = node_topology(None)
     cluster = None
     if simulated:
-        names = tuple(n for n in nodes if n != "pcie-8gpu-2socket") if quick else nodes
-        log(f"no GPUs found: starting a simulated {len(names)}-node cluster ({', '.join(names)}) ...")
+        names = QUICK_NODES if quick else DEMO_NODES
+        log(f"no GPUs found: starting a simulated {len(names)}-node cluster ({', '.join(names)}; "
+            f"head {names[0]}) ...")
         cluster = SimulatedCluster(list(names), num_cpus=4, logging_level="ERROR", log_to_driver=False)
+        ids = {n.node_id: n.topology.name or n.node_key for n in cluster.nodes}
+        nodes = [(n.topology.name or n.node_key, n.topology) for n in cluster.nodes]
     else:
         log(f"using this machine's {len(topo.devices)} devices ({topo.name or topo.hostname})")
         init(logging_level="ERROR", log_to_driver=False)
-    rows: list[Row] = []
-    holders: list = []
-    gang_list: list = []
+        from . import context
+
+        nv = context.view().nodes(fresh=True)
+        ids = {n.node_id: n.topology.name or n.node_key for n in nv}
+        nodes = [(n.topology.name or n.node_key, n.topology) for n in nv]
+    live = _Live(ids, nodes, log)
     try:
-        log(f"cluster up in {time.monotonic() - t0:.1f} s; placing the workload ...")
-
-        def snapshot():
-            time.sleep(0.2)  # let Ray's numbers catch up with what just finished
-            nv = context.view().nodes(fresh=True)
-            recent = context.recent_claims(nv)
-            return {n.node_id: (n, node_state(n, recent.get(n.node_id))) for n in nv}
-
-        def baseline(snap, node_id, req):
-            n, st = snap[node_id]
-            alloc = baselines.first_free(st, req)
-            if not alloc or req.kind != "devices":
-                return None, None
-            return tuple(alloc.devices), placement.allreduce_bandwidth_gbps(n.topology, alloc.devices)
-
-        def record(job, kind, req, node_id, devices, snap, note=""):
-            n = snap[node_id][0]
-            bw = placement.allreduce_bandwidth_gbps(n.topology, devices) if req.kind == "devices" else None
-            rd, rbw = baseline(snap, node_id, req)
-            if req.kind != "devices":
-                note = note or ("plain Ray: no MIG" if req.kind == "mig" else "plain Ray: no memory shares")
-            rows.append(Row(job, kind, req.describe(), n.topology.name or n.node_key, tuple(devices), bw, rd, rbw,
-                            note, {"link": _weakest(n.topology, tuple(devices)),
-                                   "ray_link": _weakest(n.topology, rd) if rd else None}))
-
-        def submit_actor(job, **opts):
-            cls = tasks.remote(num_cpus=0, name=job, **opts)(_Holder)
-            snap = snapshot()
-            try:
-                h = cls.remote()
-            except Exception as e:  # noqa: BLE001 - shown to the user, the demo goes on
-                rows.append(Row(job, "actor", cls.request.describe(), note=f"skipped: {e}"))
-                return
-            try:
-                node_id, devs, _ = ray.get(h.where.remote(), timeout=60)
-            except ray.exceptions.GetTimeoutError:
-                rows.append(Row(job, "actor", cls.request.describe(), note="still queued after 60 s: cluster full"))
-                ray.kill(h)
-                return
-            holders.append(h)
-            record(job, "actor", cls.request, node_id, devs, snap)
-
-        def submit_task(job, **opts):
-            fn = tasks.remote(name=job, **opts)(_where)
-            snap = snapshot()
-            try:
-                node_id, devs, _ = ray.get(fn.remote(), timeout=60)
-            except ray.exceptions.GetTimeoutError:
-                rows.append(Row(job, "task", fn.request.describe(), note="still queued after 60 s: cluster full"))
-                return
-            record(job, "task", fn.request, node_id, devs, snap)
-
-        def submit_gang(job, workers, per):
-            snap = snapshot()
-            try:
-                g = gangs.gang(workers=workers, gpus_per_worker=per, strategy="pack", name=job)
-            except Exception as e:  # noqa: BLE001 - shown to the user, the demo goes on
-                rows.append(Row(job, "gang", f"{workers} x {per} GPUs", note=f"skipped: {e}"))
-                return
-            gang_list.append(g)
-            res = g.run(_allreduce, 1024)
-            expect = sum(range(1, workers + 1))
-            ok = all(abs(r[1] - expect) < 1e-6 for r in res)
-            req = placement.Request(gpus=per)
-            for rank, a in enumerate(g.allocation.workers):
-                record(f"{job}[{rank}]", "gang", req, a.node, tuple(a.devices), snap,
-                       note=f"all-reduce {'ok' if ok else 'WRONG'} ({g.backend})")
-                n, st = snap[a.node]
-                snap[a.node] = (n, st.with_busy(a.devices))
-
-        submit_gang("train-a", 2, 4)
-        submit_actor("finetune", gpus=4, interconnect="nvlink")
-        submit_actor("eval", gpus=1)
-        if not quick:
-            submit_gang("train-b", 2, 2)
-            submit_actor("rl-policy", gpus=2)
-        for i in range(2 if quick else 3):
-            submit_actor(f"infer-{i}", gpu_memory="12GiB")
-        if any(n.topology.partitions() for n in context.view().nodes(fresh=True)):
-            submit_actor("mig-small", mig="1g.5gb")
-            submit_actor("mig-medium", mig="3g.20gb")
-        submit_task("pair-task", gpus=2)
-        for i in range(1 if quick else 2):
-            submit_task(f"single-{i}", gpus=1)
-        picture = _draw(out, rows, context.view().nodes(fresh=True), log)
-        totals = _totals(rows)
-        result = {"rows": [r.__dict__ for r in rows], "totals": totals, "picture": str(picture) if picture else None,
-                  "seconds": round(time.monotonic() - t0, 1), "simulated": simulated}
+        events, skipped = [], []
+        for what, item in workload(quick):
+            if what == "start" and not _fits_ever(nodes, item):
+                skipped.append(item.name)
+            elif not (what == "end" and item in skipped):
+                events.append((what, item))
+        if skipped:
+            log(f"skipped (cannot fit this cluster even when idle): {', '.join(skipped)}")
+        log(f"cluster up in {time.monotonic() - t0:.1f} s; running {sum(e[0] == 'start' for e in events)} jobs "
+            f"({sum(e[0] == 'end' for e in events)} departures) ...")
+        rows = replay(nodes, events, live.start, live.end, Shadow(nodes, "ray"))
+        for r in rows:
+            r["note"] = _note(r, live.notes.get(r["job"], ""))
+        tot = totals(rows)
+        holders: dict = {n: {} for n, _ in nodes}
+        for r in rows:
+            if r["end"] is None and r["ours"].get("placed"):
+                for n, devs in zip(r["ours"]["nodes"], r["ours"]["devices"]):
+                    for d in devs:
+                        holders[n].setdefault(d, []).append(r["job"])
+        final = {n: {d: js[0] if len(js) == 1 else f"{js[0]} +{len(js) - 1}" for d, js in hs.items()}
+                 for n, hs in holders.items()}
+        picture = _draw(out, nodes, final, tot)
+        result = {"nodes": [n for n, _ in nodes], "rows": rows, "totals": tot,
+                  "final_placement": {n: {str(d): js for d, js in hs.items()} for n, hs in holders.items()},
+                  "picture": str(picture), "simulated": simulated, "skipped": skipped,
+                  "seconds": round(time.monotonic() - t0, 1)}
         jpath = out / "demo.json"
-        jpath.write_text(json.dumps(result, indent=2, default=list) + "\n")
         result["json"] = str(jpath)
+        jpath.write_text(json.dumps(result, indent=2) + "\n")
         return result
     finally:
-        for g in gang_list:
-            g.shutdown()
+        live.shutdown()
         if cluster is not None:
             cluster.shutdown()
         else:
             shutdown()
 
 
-def _totals(rows: list[Row]) -> dict:
-    both = [r for r in rows if r.bandwidth_gbps and r.ray_bandwidth_gbps is not None]
-    ours = sum(r.bandwidth_gbps for r in both)
-    theirs = sum(r.ray_bandwidth_gbps for r in both)
-    better = sum(1 for r in both if r.bandwidth_gbps > r.ray_bandwidth_gbps + 1e-9)
-    return {"compared": len(both), "rayaccel_gbps": round(ours, 1), "ray_gbps": round(theirs, 1),
-            "ratio": round(ours / theirs, 2) if theirs else None, "better": better,
-            "ray_cannot": sum(1 for r in rows if r.note.startswith("plain Ray"))}
+def _note(row: dict, live_note: str) -> str:
+    ours, ray_ = row["ours"], row["ray"]
+    bits = [live_note] if live_note else []
+    if row["fraction"] and ray_.get("placed"):
+        bits.append(f"plain Ray: whole GPU {ray_['devices'][0][0]} "
+                    f"({'no MIG' if 'MIG' in row['asks'] else 'no memory shares'})")
+    if ray_.get("queued_until"):
+        bits.append(f"plain Ray: queued until {ray_['queued_until']} ended")
+    if not ray_.get("placed"):
+        bits.append("plain Ray: still queued at the end")
+    if row["kind"] == "task":
+        bits.append("ran and finished")
+    if ours.get("bandwidth_gbps") is not None and ray_.get("bandwidth_gbps") is not None:
+        a, b = ours["bandwidth_gbps"], ray_["bandwidth_gbps"]
+        if a > b + 1e-6:
+            bits.append(f"{a / b:.1f}x bandwidth")
+        elif a < b - 1e-6:
+            bits.append(f"plain Ray {b / a:.1f}x here: rayaccel's earlier choices left it fewer good sets")
+    return "; ".join(bits)
 
 
-def _draw(out: Path, rows: list[Row], nodes: list, log: Callable[[str], None]) -> Path | None:
+def _draw(out: Path, nodes: list, final: dict, tot: dict) -> Path:
     from .. import viz
 
-    by_node: dict[str, dict[int, str]] = {}
-    for r in rows:
-        if r.kind in ("actor", "gang") and r.devices:
-            a = by_node.setdefault(r.node, {})
-            for d in r.devices:
-                a[d] = f"{a[d]}+{r.job}" if d in a else r.job
-    spec = [(n.topology.name or n.node_key, n.topology, by_node.get(n.topology.name or n.node_key, {}))
-            for n in nodes]
     path = out / "placement.png"
-    viz.draw_cluster(spec, path, title="rayaccel demo: final placement")
+    ratio = f"; modeled all-reduce bandwidth {tot['ratio']}x plain Ray's" if tot.get("ratio") else ""
+    viz.draw_cluster([(n, t, final.get(n, {})) for n, t in nodes], path,
+                     title=f"rayaccel demo: jobs still running at the end, as rayaccel placed them{ratio}")
     return path
