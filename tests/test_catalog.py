@@ -248,3 +248,18 @@ def test_unknown_name_lists_close_names(bad, close):
 def test_unknown_name_without_close_names():
     with pytest.raises(CatalogError, match="unknown catalog machine 'zzzz' \\(known: "):
         catalog.describe("zzzz")
+
+
+@pytest.mark.parametrize("name, kind, lane", [
+    ("gb200-nvl4", "nvlink", 50.0), ("nvl72", "nvlink", 50.0), ("mi300x-8x", "xgmi", 64.0),
+    ("hgx-h100", "nvlink", None), ("dgx1-v100", "nvlink", None),
+], ids=["gb200-nvl4", "nvl72", "mi300x-8x", "hgx-h100", "dgx1-v100"])
+def test_lane_speed_per_generation(name, kind, lane):
+    """NVLink5 (GB200) and MI300X Infinity Fabric override the per-lane table; older links keep it."""
+    from rayaccel.topology import LANE_BANDWIDTH_GBPS
+
+    t = catalog.load(name)
+    direct = [l for l in t.links if l.kind == kind]
+    assert direct and {l.lane_gbps for l in direct} == {lane}
+    l = direct[0]
+    assert l.bandwidth_gbps == (lane or LANE_BANDWIDTH_GBPS[kind]) * (l.count or 1)

@@ -158,3 +158,63 @@ def test_result_is_a_node_topology_for_every_kind(tmp_path, captures):
     for src in ("trn1-32xlarge", path, captures / "68_neuron-ls-trn1.32xlarge-16dev-collapsed-whitespace.txt"):
         topo = load_topology(src)
         assert isinstance(topo, NodeTopology) and len(topo) == 16
+
+
+# ---------------------------------------------------------------- per-lane speed override (Link.lane_gbps)
+def _one_link_json(tmp_path, **link):
+    t = catalog.load("a100-pcie-2x-nvbridge").to_dict()
+    t["links"] = [{"a": 0, "b": 1, "kind": "nvlink", "count": 12, "pcie": "SYS", **link}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(t))
+    return path
+
+
+@pytest.mark.parametrize("lane, why", [
+    (0, "must be a number > 0"), (-5, "must be a number > 0"), ("fast", "expected int or float"),
+    (True, "expected int or float"),
+], ids=["zero", "negative", "string", "bool"])
+def test_bad_lane_gbps_names_the_field(tmp_path, lane, why):
+    with pytest.raises(TopologyError, match=why) as e:
+        load_topology(_one_link_json(tmp_path, lane_gbps=lane))
+    assert "links[0].lane_gbps" in str(e.value)
+
+
+def test_lane_gbps_only_on_direct_links(tmp_path):
+    with pytest.raises(TopologyError, match="only direct links"):
+        load_topology(_one_link_json(tmp_path, kind="pcie", count=None, lane_gbps=50))
+
+
+def test_lane_gbps_round_trips_and_is_written_only_when_set(tmp_path):
+    topo = load_topology(_one_link_json(tmp_path, lane_gbps=50))
+    assert topo.link(0, 1).lane_gbps == 50.0 and topo.bandwidth_gbps(0, 1) == 600.0
+    assert topo.to_dict()["links"][0]["lane_gbps"] == 50.0
+    assert "lane_gbps" not in load_topology(_one_link_json(tmp_path)).to_dict()["links"][0]
+    assert NodeTopology.from_json(topo.to_json()) == topo
+
+
+# ---------------------------------------------------------------- bad sources name what is wrong
+@pytest.mark.parametrize("source, why", [
+    ("", "empty topology source"), ("   ", "empty topology source"),
+    ([1, 2], "source 0: expected a capture file path or capture text, got int"),
+], ids=["empty", "blank", "list-of-ints"])
+def test_bad_source_messages(source, why):
+    with pytest.raises(TopologyError, match=why):
+        load_topology(source)
+
+
+def test_name_must_be_a_string():
+    with pytest.raises(TopologyError, match="name: expected a str"):
+        load_topology("dgx1-v100", name=5)
+
+
+def test_json_file_cannot_be_combined_with_captures(tmp_path, captures):
+    path = tmp_path / "t.json"
+    catalog.load("dgx1-v100").save(path)
+    with pytest.raises(TopologyError, match="must be given alone"):
+        load_topology([captures / DGX1_CAPTURE, path])
+
+
+def test_empty_json_file(tmp_path):
+    (tmp_path / "e.json").write_text("")
+    with pytest.raises(TopologyError, match="empty file; expected a topology JSON object"):
+        load_topology(tmp_path / "e.json")

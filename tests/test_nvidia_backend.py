@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,8 @@ def _summary(t: NodeTopology) -> dict:
          tuple(sorted((part(p) for p in d.partitions), key=repr)), tuple(sorted(d.mig_profiles, key=lambda m: m.id)))
         for d in sorted(t.devices, key=lambda d: d.index)
     ]
-    links = sorted((order[l.a], order[l.b], l.kind, l.count if l.kind == "pcie" else (l.count or 1), l.pcie) for l in t.links)
+    links = sorted((order[l.a], order[l.b], l.kind, l.count if l.kind == "pcie" else (l.count or 1), l.pcie,
+                    l.lane_gbps) for l in t.links)
     return {"devices": devices, "links": links}
 
 
@@ -333,3 +335,42 @@ def test_fake_requires_init():
     fake = FakeNVML(hgx_h100())
     with pytest.raises(fake.NVMLError_Uninitialized):
         fake.nvmlDeviceGetCount()
+
+
+# ---------------------------------------------------------------- NVLink generation (per-lane speed)
+@pytest.mark.parametrize("name, lane", [("gb200-nvl4", 50.0), ("nvl72", 50.0), ("hgx-h100", None), ("dgx1-v100", None)],
+                         ids=["gb200-nvl4", "nvl72", "hgx-h100", "dgx1-v100"])
+def test_nvlink_version_gives_the_lane_speed(name, lane):
+    from rayaccel import catalog
+
+    src = catalog.load(name)
+    fake = FakeNVML(src)
+    fake.nvmlInit()
+    version = fake.nvmlDeviceGetNvLinkVersion(fake.nvmlDeviceGetHandleByIndex(0), 0)
+    fake.nvmlShutdown()
+    assert version == (fakenvml.NVML_NVLINK_VERSION_5_0 if lane else fakenvml.NVML_NVLINK_VERSION_4_0)
+    out = NvidiaBackend(nvml=fake).discover()
+    nv = [l for l in out.links if l.kind == "nvlink"]
+    assert nv and {l.lane_gbps for l in nv} == {lane}
+    assert out.bandwidth_gbps(0, 1) == src.bandwidth_gbps(0, 1) == (lane or 25.0) * nv[0].count
+
+
+def test_nvlink_version_not_supported_keeps_the_table_default():
+    fake = FakeNVML(catalog_machine("gb200-nvl4"))
+    fake.fail("nvmlDeviceGetNvLinkVersion", fakenvml.NVML_ERROR_NOT_SUPPORTED)
+    out = NvidiaBackend(nvml=fake).discover()
+    assert {l.lane_gbps for l in out.links if l.kind == "nvlink"} == {None}
+    assert out.bandwidth_gbps(0, 1) == 18 * 25.0
+
+
+def test_fake_rejects_a_lane_speed_no_nvlink_has():
+    src = dgx1_v100()
+    odd = replace(src, links=tuple(replace(l, lane_gbps=33.0) if l.kind == "nvlink" else l for l in src.links))
+    with pytest.raises(ValueError, match="33.0 GB/s per lane"):
+        FakeNVML(odd)
+
+
+def catalog_machine(name):
+    from rayaccel import catalog
+
+    return catalog.load(name)

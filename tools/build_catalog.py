@@ -35,8 +35,14 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rayaccel.topology import Device, Link, MigProfile, Nic, NodeTopology, Partition  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from catalog_mig import MIG, MIG_SOURCES  # noqa: E402  (the MIG profile tables, data only)
+
 OUT = ROOT / "src" / "rayaccel" / "catalog"
 MiB = 1 << 20
+#: Per-lane, per-direction GB/s overriding the topology table's default (Link.lane_gbps).
+NVLINK5_LANE_GBPS = 50.0  # Blackwell NVLink5: 1.8 TB/s bidirectional over 18 links
+MI300X_XGMI_LANE_GBPS = 64.0  # MI300X Infinity Fabric: 128 GB/s bidirectional per link
 _NS = uuid.UUID("6f1c1c2e-3b8a-4c55-9e0b-52a1d1c0a7e1")
 
 
@@ -69,8 +75,8 @@ def devices(machine: str, n: int, *, model: str, memory_mib: int, cc: str | None
     return out
 
 
-def links(n: int, fn: Callable[[int, int], tuple[str, int | None, str | None] | None]) -> list[Link]:
-    """One link per pair ``a < b`` from ``fn(a, b) -> (kind, count, pcie)`` (None: no record)."""
+def links(n: int, fn: Callable[[int, int], tuple | None]) -> list[Link]:
+    """One link per pair ``a < b`` from ``fn(a, b) -> (kind, count, pcie[, lane_gbps])`` (None: no record)."""
     out = []
     for a, b in combinations(range(n), 2):
         r = fn(a, b)
@@ -86,63 +92,6 @@ def nic(name: str, numa: int | None, paths: Iterable[tuple[int, str]]) -> Nic:
 def bus_ids(*hexes: str) -> Callable[[int], str]:
     return lambda i: f"00000000:{hexes[i]}:00.0"
 
-
-# ------------------------------------------------------------------ MIG tables
-# Placements are start slots (memory slices out of 8); research note §5.
-# (name, id, max, memory MiB, placements, slots, SMs)
-_MIG_ROWS = {
-    # A100-40GB: nvidia-smi mig -lgip (capture 57; NVIDIA forum); MiB from go-nvml mock/gpus/a100.go.
-    "A100-40GB": [
-        ("1g.5gb", 19, 7, 4864, tuple(range(7)), 1, 14),
-        ("1g.5gb+me", 20, 1, 4864, tuple(range(7)), 1, 14),
-        ("1g.10gb", 15, 4, 9856, (0, 2, 4, 6), 2, 14),
-        ("2g.10gb", 14, 3, 9856, (0, 2, 4), 2, 28),
-        ("3g.20gb", 9, 2, 19968, (0, 4), 4, 42),
-        ("4g.20gb", 5, 1, 19968, (0,), 4, 56),
-        ("7g.40gb", 0, 1, 40192, (0,), 8, 98),
-    ],
-    # A100-80GB: same ids/SMs/placements as A100-40GB; MiB per go-nvml mock (research note §5).
-    "A100-80GB": [
-        ("1g.10gb", 19, 7, 9856, tuple(range(7)), 1, 14),
-        ("1g.10gb+me", 20, 1, 9856, tuple(range(7)), 1, 14),
-        ("1g.20gb", 15, 4, 19968, (0, 2, 4, 6), 2, 14),
-        ("2g.20gb", 14, 3, 19968, (0, 2, 4), 2, 28),
-        ("3g.40gb", 9, 2, 40192, (0, 4), 4, 42),
-        ("4g.40gb", 5, 1, 40192, (0,), 4, 56),
-        ("7g.80gb", 0, 1, 80384, (0,), 8, 98),
-    ],
-    # H100-80GB: 7g.80gb = 79.25 GiB / 132 SMs (research note); 1g/2g/3g/4g SMs as H100 NVL / H200
-    # (same GH100 die, 16/26/32/60/64); memory per slice scaled from 79.25 GiB (9.75/19.62/39.50 GiB).
-    "H100-80GB": [
-        ("1g.10gb", 19, 7, 9984, tuple(range(7)), 1, 16),
-        ("1g.10gb+me", 20, 1, 9984, tuple(range(7)), 1, 16),
-        ("1g.20gb", 15, 4, 20096, (0, 2, 4, 6), 2, 26),
-        ("2g.20gb", 14, 3, 20096, (0, 2, 4), 2, 32),
-        ("3g.40gb", 9, 2, 40448, (0, 4), 4, 60),
-        ("4g.40gb", 5, 1, 40448, (0,), 4, 64),
-        ("7g.80gb", 0, 1, 81152, (0,), 8, 132),
-    ],
-    # H200 (141GB): nvidia-smi mig -lgip in NVIDIA/mig-parted#120 (16.00/32.25/69.50 GiB);
-    # max counts from mig-parted config-default.yaml. 7g.141gb memory: not in the excerpt we have;
-    # 140.00 GiB taken from a published -lgip test fixture (unverified).
-    "H200": [
-        ("1g.18gb", 19, 7, 16384, tuple(range(7)), 1, 16),
-        ("1g.18gb+me", 20, 1, 16384, tuple(range(7)), 1, 16),
-        ("1g.35gb", 15, 4, 33024, (0, 2, 4, 6), 2, 26),
-        ("2g.35gb", 14, 3, 33024, (0, 2, 4), 2, 32),
-        ("3g.71gb", 9, 2, 71168, (0, 4), 4, 60),
-        ("4g.71gb", 5, 1, 71168, (0,), 4, 64),
-        ("7g.141gb", 0, 1, 143360, (0,), 8, 132),
-    ],
-}
-MIG = {k: tuple(MigProfile(n, i, m, mem, pl, s, sm) for n, i, m, mem, pl, s, sm in rows) for k, rows in _MIG_ROWS.items()}
-MIG_SOURCES = [
-    "research note ../shared/research/topology-and-mig.md §5 (MIG profile table)",
-    "nvidia-smi mig -lgip, 2x A100 40GB (../shared/captures/57_mig-lgip-a100-40gb-2gpu-all-used.txt)",
-    "NVIDIA/go-nvml mock/gpus/a100.go (MIG memory sizes, MiB)",
-    "NVIDIA/mig-parted issue #120 (H200 -lgip) and config-default.yaml (max instances)",
-    "NVIDIA MIG User Guide, supported profiles (A100/H100/H200 placements {starts}:size)",
-]
 
 # -------------------------------------------------------------------- machines
 MACHINES: dict[str, Callable[[], tuple[NodeTopology, str]]] = {}
@@ -284,12 +233,13 @@ def gb200_nvl4():
                    cpu=lambda i: "0-71" if i < 2 else "72-143", bus=lambda i: ["00000008:01:00.0", "00000009:01:00.0", "00000018:01:00.0", "00000019:01:00.0"][i])
     pcie = lambda a, b: "NODE" if sock(a) == sock(b) else "SYS"  # noqa: E731
     nics = [nic(f"mlx5_{k}", sock(k), [(g, "PIX" if g == k else pcie(g, k)) for g in range(n)]) for k in range(n)]
-    t = NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("nvlink", 18, pcie(a, b)))), nics=tuple(nics),
+    t = NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("nvlink", 18, pcie(a, b), NVLINK5_LANE_GBPS))), nics=tuple(nics),
                      name="gb200-nvl4", sources=(
         "NVIDIA GB200 NVL4 announcement: 4 Blackwell GPUs and 2 Grace CPUs on one board, NVLink-connected; Grace-GPU over NVLink-C2C",
         "NVLink 5: 18 links per Blackwell GPU, 1.8 TB/s bidirectional (NVIDIA NVLink page)",
         "assumption: every GPU pair reports NV18 (all 18 links reach every peer, as nvidia-smi shows on NVSwitch-connected GB200 trays); "
-        "rayaccel's lane model counts 25 GB/s per lane, so NVLink5 (50 GB/s per lane) is under-modeled by 2x",
+        "NVLink5 runs 50 GB/s per link per direction (1.8 TB/s / 18 links / 2): links carry lane_gbps=50 "
+        "(the table default of 25 GB/s is NVLink 2-4)",
         "assumption: one Grace (72 cores) per GPU pair = one NUMA node, one ConnectX-7 per GPU (PIX); memory 189471 MiB as nvidia-smi reports on GB200",
         "no MIG table attached (B200-class MIG profiles are not in the research note)",
     ))
@@ -353,9 +303,11 @@ def mi300x_8x():
                    cpu=lambda i: "0-95,192-287" if i < 4 else "96-191,288-383",
                    bus=lambda i: ["0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0",
                                   "0000:85:00.0", "0000:a6:00.0", "0000:c6:00.0", "0000:e5:00.0"][i], uuid_prefix="GPU")
-    t = NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("xgmi", 1, None))), name="mi300x-8x", sources=(
+    t = NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("xgmi", 1, None, MI300X_XGMI_LANE_GBPS))), name="mi300x-8x",
+                     sources=(
         "AMD Instinct MI300X platform: 8 OAM GPUs fully connected, each GPU has 7 Infinity Fabric links, one to each peer "
-        "(128 GB/s bidirectional = 64 GB/s per direction per link; rayaccel models one xGMI lane at 50 GB/s)",
+        "(128 GB/s bidirectional = 64 GB/s per direction per link: links carry lane_gbps=64; the xGMI table default "
+        "of 50 GB/s is MI250's)",
         "rocm-smi --showtopo of an 8-GPU MI300-class box: XGMI all pairs, weight 15, hops 1, GPUs 0-3 NUMA 0 / 4-7 NUMA 1 "
         "(../shared/captures/59_rocm-smi-showtopo-mi300-class-8gpu-xgmi-lowpower-warning.txt)",
         "assumption: 2x EPYC 9654 (96 cores each, SMT on), 192 GB HBM3 per GPU (196608 MiB); PCIe class under xGMI unknown (null); "
@@ -422,11 +374,12 @@ def nvl72():
     devs = devices("nvl72", n, model="NVIDIA GB200", memory_mib=189471, cc="10.0", numa=numa, cpu=cpu)
     def ln(a, b):
         if a // 4 != b // 4:
-            return ("nvlink", 18, None)  # different compute trays: NVLink only, no PCIe path
-        return ("nvlink", 18, "NODE" if numa(a) == numa(b) else "SYS")
+            return ("nvlink", 18, None, NVLINK5_LANE_GBPS)  # different compute trays: NVLink only, no PCIe path
+        return ("nvlink", 18, "NODE" if numa(a) == numa(b) else "SYS", NVLINK5_LANE_GBPS)
     t = NodeTopology(devices=tuple(devs), links=tuple(links(n, ln)), name="nvl72", sources=(
         "NVIDIA GB200 NVL72: 72 Blackwell GPUs and 36 Grace CPUs in one NVLink domain; 18 compute trays of 4 GPUs; "
-        "9 NVSwitch trays give every GPU its 18 NVLink5 links to every other GPU (NVIDIA GB200 NVL72 page)",
+        "9 NVSwitch trays give every GPU its 18 NVLink5 links to every other GPU (NVIDIA GB200 NVL72 page); "
+        "NVLink5 = 50 GB/s per link per direction (links carry lane_gbps=50)",
         "modeling choice: the whole rack as ONE node (72 devices) for placement tests at scale; real racks run one OS per tray",
         "assumption: one Grace (72 cores) per GPU pair = one NUMA node; PCIe class NODE within a Grace, SYS within a tray, null across trays",
     ))

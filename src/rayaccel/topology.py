@@ -40,6 +40,9 @@ HEALTH_STATES = ("ok", "degraded", "failed", "unknown")
 #: bidirectional; A100: 12 = 600; H100/H200: 18 = 900). One AMD Infinity Fabric
 #: (xGMI) link is 50 GB/s (ROCm MI250 architecture doc). A NeuronLink-v2 lane is
 #: modeled at 48 GB/s.
+#: This is the default; a link whose lanes are known to run faster or slower
+#: (NVLink5 on GB200: 50 GB/s; MI300X Infinity Fabric: 64 GB/s) carries its own
+#: per-lane figure in :attr:`Link.lane_gbps`.
 LANE_BANDWIDTH_GBPS: dict[str, float] = {"nvlink": 25.0, "xgmi": 50.0, "neuronlink": 48.0}
 
 #: Modeled per-direction peer-to-peer bandwidth over PCIe, by path class, GB/s
@@ -150,6 +153,9 @@ class Link:
             may also record the PCIe path class underneath it in ``pcie``.
         count: lanes of a direct link (``NV12`` -> 12), or None when unknown.
         pcie: PCIe path class (PIX/PXB/PHB/NODE/SYS) or None.
+        lane_gbps: per-direction bandwidth of one lane of a direct link, GB/s, when it
+            differs from the default of its kind in :data:`LANE_BANDWIDTH_GBPS` (e.g. 50.0
+            for NVLink5); None means that default. Only direct links may set it.
     """
 
     a: int
@@ -157,6 +163,7 @@ class Link:
     kind: str
     count: int | None = None
     pcie: str | None = None
+    lane_gbps: float | None = None
 
     @property
     def direct(self) -> bool:
@@ -167,7 +174,8 @@ class Link:
     def bandwidth_gbps(self) -> float:
         """Modeled per-direction bandwidth, GB/s (from the one table in this module)."""
         if self.direct:
-            return LANE_BANDWIDTH_GBPS[self.kind] * (self.count or 1)
+            lane = self.lane_gbps if self.lane_gbps is not None else LANE_BANDWIDTH_GBPS[self.kind]
+            return lane * (self.count or 1)
         if self.pcie is not None:
             return PCIE_BANDWIDTH_GBPS[self.pcie]
         return UNKNOWN_PAIR_BANDWIDTH_GBPS
@@ -356,6 +364,13 @@ class NodeTopology:
                 raise TopologyError("a pcie link needs its path class", f"{where}.pcie")
             if l.count is not None and (not isinstance(l.count, int) or l.count < 1):
                 raise TopologyError(f"lane count must be a positive int or null, got {l.count!r}", f"{where}.count")
+            if l.lane_gbps is not None:
+                if isinstance(l.lane_gbps, bool) or not isinstance(l.lane_gbps, (int, float)) or not l.lane_gbps > 0:
+                    raise TopologyError(f"must be a number > 0 (GB/s per lane) or null, got {l.lane_gbps!r}",
+                                        f"{where}.lane_gbps")
+                if l.kind not in DIRECT_KINDS:
+                    raise TopologyError(f"only direct links ({', '.join(DIRECT_KINDS)}) have lanes; "
+                                        f"a {l.kind} link must leave it null", f"{where}.lane_gbps")
             if l.a not in seen or l.b not in seen:
                 raise TopologyError(f"link {l.a}-{l.b} names an unknown device", where)
             if not l.a < l.b:
@@ -379,11 +394,7 @@ class NodeTopology:
             "driver": self.driver,
             "sources": list(self.sources),
             "devices": [_device_to_dict(d) for d in sorted(self.devices, key=lambda d: d.index)],
-            "links": [
-                {"a": l.a, "b": l.b, "kind": l.kind, "count": l.count, "pcie": l.pcie,
-                 "bandwidth_gbps": l.bandwidth_gbps}
-                for l in sorted(self.links, key=lambda l: (l.a, l.b))
-            ],
+            "links": [_link_to_dict(l) for l in sorted(self.links, key=lambda l: (l.a, l.b))],
             "nics": [
                 {"name": n.name, "numa_node": n.numa_node, "rdma": n.rdma,
                  "paths": {str(dev): cls for dev, cls in n.paths}}
@@ -575,17 +586,27 @@ def _profile_from_dict(p: Any, where: str) -> MigProfile:
     )
 
 
+def _link_to_dict(l: Link) -> dict[str, Any]:
+    out: dict[str, Any] = {"a": l.a, "b": l.b, "kind": l.kind, "count": l.count, "pcie": l.pcie}
+    if l.lane_gbps is not None:  # only when it overrides the table default
+        out["lane_gbps"] = l.lane_gbps
+    out["bandwidth_gbps"] = l.bandwidth_gbps
+    return out
+
+
 def _link_from_dict(l: Any, where: str) -> Link:
     if not isinstance(l, Mapping):
         raise TopologyError("expected an object", where)
     a = _get(l, "a", int, where)
     b = _get(l, "b", int, where)
+    lane = _get(l, "lane_gbps", (int, float), where, default=None, nullable=True)
     return Link(
         a=a,
         b=b,
         kind=_get(l, "kind", str, where),
         count=_get(l, "count", int, where, default=None, nullable=True),
         pcie=_get(l, "pcie", str, where, default=None, nullable=True),
+        lane_gbps=float(lane) if lane is not None else None,
     )
 
 
@@ -611,8 +632,9 @@ def _nic_from_dict(n: Any, where: str) -> Nic:
     )
 
 
-def make_link(a: int, b: int, kind: str, count: int | None = None, pcie: str | None = None) -> Link:
+def make_link(a: int, b: int, kind: str, count: int | None = None, pcie: str | None = None,
+              lane_gbps: float | None = None) -> Link:
     """A :class:`Link` with ``a < b`` ensured (arguments in any order)."""
     if a > b:
         a, b = b, a
-    return Link(a=a, b=b, kind=kind, count=count, pcie=pcie)
+    return Link(a=a, b=b, kind=kind, count=count, pcie=pcie, lane_gbps=lane_gbps)

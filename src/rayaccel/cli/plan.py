@@ -21,6 +21,8 @@ def _parse_busy(text: str | None) -> set[int]:
             a, _, b = part.partition("-")
             if not (a.isdigit() and b.isdigit()):
                 fail(f"--busy: cannot read {part!r}; expected device indices like 0,3 or 4-7")
+            if int(a) > int(b):
+                fail(f"--busy: range {part!r} runs backwards; expected low-high like 4-7")
             out.update(range(int(a), int(b) + 1))
         elif part.isdigit():
             out.add(int(part))

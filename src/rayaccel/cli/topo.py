@@ -23,7 +23,7 @@ from rich.text import Text
 from ..errors import BackendUnavailable, RayaccelError
 from ..topology import PCIE_CLASSES, Link, NodeTopology
 from ..units import format_bytes
-from ._common import console, err_console, fail, na, print_json
+from ._common import console, err_console, fail, na, print_json, warn_line
 
 #: Beyond this many devices the matrix becomes a per-device neighbour list.
 MATRIX_MAX_DEVICES = 16
@@ -80,7 +80,6 @@ def summary(topo: NodeTopology) -> str:
     if domains:
         kinds = defaultdict(int)
         for dom in domains:
-            members = sorted(dom)
             kind = next((l.kind for l in topo.links if l.direct and l.a in dom and l.b in dom), "direct")
             kinds[kind] += 1
         for kind, count in kinds.items():
@@ -262,24 +261,41 @@ def render(topo: NodeTopology, title: str | None = None) -> None:
             console.print(Text(f"  - {s}", style="dim"), soft_wrap=True)
 
 
+def check_picture_paths(svg: Optional[Path], png: Optional[Path]) -> None:
+    """Reject a ``--svg``/``--png`` path with the wrong suffix or that is a directory, before any work.
+
+    Raises:
+        typer.Exit: after printing ``error: ...`` (exit code 2).
+    """
+    for path, suffix in ((svg, ".svg"), (png, ".png")):
+        if path is None:
+            continue
+        if path.suffix.lower() != suffix:
+            fail(f"--{suffix[1:]} {path}: the file name must end in {suffix}")
+        if path.is_dir():
+            fail(f"--{suffix[1:]} {path}: is a directory; expected a file name ending in {suffix}")
+
+
 def _pictures(topo: NodeTopology, svg: Optional[Path], png: Optional[Path]) -> None:
     from .. import viz
 
-    for path in (svg, png):
+    for path, flag in ((svg, "--svg"), (png, "--png")):
         if path is not None:
-            written = viz.draw_topology(topo, path)
-            err_console.print(f"wrote {written}")
+            try:
+                written = viz.draw_topology(topo, path)
+            except RayaccelError as e:
+                fail(f"{flag} {e}")
+            err_console.print(f"wrote {written}", markup=False, highlight=False)
 
 
 def _output(topo: NodeTopology, as_json: bool, svg: Optional[Path], png: Optional[Path], title: str | None = None) -> None:
-    for path, suffix in ((svg, ".svg"), (png, ".png")):
-        if path is not None and path.suffix.lower() != suffix:
-            fail(f"--{suffix[1:]} {path}: the file name must end in {suffix}")
+    """Draw the pictures first (an unwritable path fails before anything is printed), then print."""
+    check_picture_paths(svg, png)
+    _pictures(topo, svg, png)
     if as_json:
         print_json(topo.to_dict())
     else:
         render(topo, title)
-    _pictures(topo, svg, png)
 
 
 # ---------------------------------------------------------------- commands
@@ -290,8 +306,8 @@ def register(app: typer.Typer) -> typer.Typer:
     app.add_typer(topo_app, name="topo")
 
     json_opt = typer.Option(False, "--json", help="Print one JSON object (NodeTopology.to_dict()).")
-    svg_opt = typer.Option(None, "--svg", help="Also draw the topology to this .svg file.", dir_okay=False)
-    png_opt = typer.Option(None, "--png", help="Also draw the topology to this .png file.", dir_okay=False)
+    svg_opt = typer.Option(None, "--svg", help="Also draw the topology to this .svg file.")
+    png_opt = typer.Option(None, "--png", help="Also draw the topology to this .png file.")
 
     @topo_app.command("show")
     def show(
@@ -304,19 +320,23 @@ def register(app: typer.Typer) -> typer.Typer:
         """Show this machine's topology, or a named one (--topology)."""
         from ..catalog import DEFAULT
 
+        if topology is not None and backend is not None:
+            fail(f"--topology {topology} and --backend {backend} exclude each other; give --topology to look at a "
+                 "named machine or file, or --backend to discover this machine with one backend")
+        check_picture_paths(svg, png)
         try:
             if topology is not None:
                 from ..discovery.load import load_topology_with_warnings
 
                 topo, warns = load_topology_with_warnings(topology)
                 for w in warns:
-                    err_console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+                    warn_line(w)
             else:
                 from ..discovery import discover
 
                 topo = discover(backend)
         except BackendUnavailable as e:
-            fail(f"{e}\nNo accelerators found here. To look at a known machine instead: "
+            fail(f"{e}. No accelerators found here; to look at a known machine instead: "
                  f"rayaccel topo show --topology {DEFAULT} (see `rayaccel topo list`), "
                  f"or set RAYACCEL_TOPOLOGY={DEFAULT} to simulate one.")
         except RayaccelError as e:
@@ -334,15 +354,20 @@ def register(app: typer.Typer) -> typer.Typer:
         """Import text captures of one machine into a topology (warnings go to stderr)."""
         from ..discovery.load import load_topology_with_warnings
 
+        if name is not None and not name.strip():
+            fail("--name: empty; expected a name for the imported topology, e.g. --name dgx-a100-rack3")
         for f in files:
+            if f.is_dir():
+                fail(f"{f}: is a directory; expected a capture file or a topology JSON file")
             if not f.is_file():
-                fail(f"{f}: no such file" + (" (it is a directory)" if f.is_dir() else ""))
+                fail(f"{f}: no such file; expected a capture file or a topology JSON file")
+        check_picture_paths(svg, png)
         try:
             topo, warns = load_topology_with_warnings([str(f) for f in files], name=name)
         except RayaccelError as e:
             fail(str(e))
         for w in warns:
-            err_console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+            warn_line(w)
         if name and topo.name != name:
             from dataclasses import replace
 

@@ -11,6 +11,8 @@ the same function names, constants, ctypes structures and error classes as the
   modeled as an NVSwitch system (every link's remote device type is
   ``NVML_NVLINK_DEVICE_TYPE_SWITCH`` and its remote PCI id is a switch's), so
   the backend has to take its switch path; anything else gets direct GPU peers;
+  ``nvmlDeviceGetNvLinkVersion`` answers the version whose per-lane speed is the
+  link's (``Link.lane_gbps`` 50 -> NVLink 5.0, 20 -> 1.0, None = the table default -> 4.0);
 * MIG: the profile table (``nvmlDeviceGetGpuInstanceProfileInfo`` by profile
   index, placements through ``nvmlDeviceGetGpuInstancePossiblePlacements`` filling
   a ctypes array), GPU instances and MIG device handles come from the devices'
@@ -27,111 +29,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..topology import Device, Link, MigProfile, NodeTopology, Partition
+from . import _nvml_api
+from ._nvml_api import (
+    NVMLError, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNINITIALIZED, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,
+    NVML_GPU_INSTANCE_PROFILE_COUNT, NVML_NVLINK_DEVICE_TYPE_GPU, NVML_NVLINK_DEVICE_TYPE_SWITCH,
+    NVML_NVLINK_DEVICE_TYPE_UNKNOWN, NVML_NVLINK_MAX_LINKS, NVML_NVLINK_VERSION_1_0,
+    NVML_NVLINK_VERSION_4_0, NVML_NVLINK_VERSION_5_0, NVML_SUCCESS, NVML_TOPOLOGY_HOSTBRIDGE,
+    NVML_TOPOLOGY_INTERNAL, NVML_TOPOLOGY_MULTIPLE, NVML_TOPOLOGY_NODE, NVML_TOPOLOGY_SINGLE,
+    NVML_TOPOLOGY_SYSTEM, c_nvmlDeviceAttributes, c_nvmlGpuInstanceInfo_t, c_nvmlGpuInstancePlacement_t,
+    c_nvmlGpuInstanceProfileInfo_v2_t, c_nvmlGpuInstance_t, c_nvmlMemory_t, nvmlPciInfo_t,
+    _ERROR_CLASSES, _pci_info,
+)
 
-# ---------------------------------------------------------------- constants (values as in NVML)
-NVML_SUCCESS = 0
-NVML_FEATURE_DISABLED = 0
-NVML_FEATURE_ENABLED = 1
-NVML_NVLINK_MAX_LINKS = 36
-NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
-NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01
-NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
-NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF
-NVML_TOPOLOGY_INTERNAL = 0
-NVML_TOPOLOGY_SINGLE = 10
-NVML_TOPOLOGY_MULTIPLE = 20
-NVML_TOPOLOGY_HOSTBRIDGE = 30
-NVML_TOPOLOGY_NODE = 40
-NVML_TOPOLOGY_CPU = NVML_TOPOLOGY_NODE
-NVML_TOPOLOGY_SYSTEM = 50
-NVML_DEVICE_MIG_DISABLE = 0
-NVML_DEVICE_MIG_ENABLE = 1
-NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
-
-_ERRORS = {
-    "UNINITIALIZED": 1, "INVALID_ARGUMENT": 2, "NOT_SUPPORTED": 3, "NO_PERMISSION": 4,
-    "ALREADY_INITIALIZED": 5, "NOT_FOUND": 6, "INSUFFICIENT_SIZE": 7, "INSUFFICIENT_POWER": 8,
-    "DRIVER_NOT_LOADED": 9, "TIMEOUT": 10, "IRQ_ISSUE": 11, "LIBRARY_NOT_FOUND": 12,
-    "FUNCTION_NOT_FOUND": 13, "CORRUPTED_INFOROM": 14, "GPU_IS_LOST": 15, "RESET_REQUIRED": 16,
-    "OPERATING_SYSTEM": 17, "LIB_RM_VERSION_MISMATCH": 18, "IN_USE": 19, "MEMORY": 20,
-    "NO_DATA": 21, "UNKNOWN": 999,
-}
-for _n, _v in _ERRORS.items():
-    globals()[f"NVML_ERROR_{_n}"] = _v
-
-
-class NVMLError(Exception):
-    """Like ``pynvml.NVMLError``: ``.value`` is the NVML return code;
-    ``NVMLError(code)`` builds the matching subclass (``NVMLError_NotSupported`` ...)."""
-
-    _by_value: dict[int, type] = {}
-
-    def __new__(cls, value: int):
-        if cls is NVMLError:
-            cls = NVMLError._by_value.get(value, cls)
-        obj = Exception.__new__(cls)
-        obj.value = value
-        return obj
-
-    def __init__(self, value: int):
-        super().__init__(value)
-        self.value = value
-
-    def __str__(self) -> str:
-        names = {v: k for k, v in _ERRORS.items()}
-        return names.get(self.value, f"NVML error {self.value}").replace("_", " ").title()
-
-
-_ERROR_CLASSES: dict[str, type] = {}
-for _n, _v in _ERRORS.items():
-    _cls_name = "NVMLError_" + "".join(p.capitalize() for p in _n.split("_"))
-    _cls = type(_cls_name, (NVMLError,), {})
-    NVMLError._by_value[_v] = _cls
-    _ERROR_CLASSES[_cls_name] = _cls
-
-
-# ---------------------------------------------------------------- ctypes structures (layouts as in nvidia-ml-py)
-class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
-    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
-
-
-class struct_c_nvmlGpuInstance_t(ctypes.Structure):
-    pass
-
-
-c_nvmlGpuInstance_t = ctypes.POINTER(struct_c_nvmlGpuInstance_t)
-
-
-class c_nvmlGpuInstanceInfo_t(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_void_p), ("id", ctypes.c_uint), ("profileId", ctypes.c_uint),
-                ("placement", c_nvmlGpuInstancePlacement_t)]
-
-
-class c_nvmlGpuInstanceProfileInfo_v2_t(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint), ("id", ctypes.c_uint), ("isP2pSupported", ctypes.c_uint),
-                ("sliceCount", ctypes.c_uint), ("instanceCount", ctypes.c_uint),
-                ("multiprocessorCount", ctypes.c_uint), ("copyEngineCount", ctypes.c_uint),
-                ("decoderCount", ctypes.c_uint), ("encoderCount", ctypes.c_uint), ("jpegCount", ctypes.c_uint),
-                ("ofaCount", ctypes.c_uint), ("memorySizeMB", ctypes.c_ulonglong), ("name", ctypes.c_char * 96)]
-
-
-class c_nvmlMemory_t(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
-class nvmlPciInfo_t(ctypes.Structure):
-    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
-                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
-                ("busId", ctypes.c_char * 32)]
-
-
-class c_nvmlDeviceAttributes(ctypes.Structure):
-    _fields_ = [("multiprocessorCount", ctypes.c_uint), ("sharedCopyEngineCount", ctypes.c_uint),
-                ("sharedDecoderCount", ctypes.c_uint), ("sharedEncoderCount", ctypes.c_uint),
-                ("sharedJpegCount", ctypes.c_uint), ("sharedOfaCount", ctypes.c_uint),
-                ("gpuInstanceSliceCount", ctypes.c_uint), ("computeInstanceSliceCount", ctypes.c_uint),
-                ("memorySizeMB", ctypes.c_ulonglong)]
-
+# Re-export pynvml's whole surface (constants, error classes, structures) from this module too,
+# as ``pynvml`` does: ``fakenvml.NVML_ERROR_TIMEOUT``.
+globals().update({n: getattr(_nvml_api, n) for n in _nvml_api.__all__})
 
 _PCIE_TO_LEVEL = {"PIX": NVML_TOPOLOGY_SINGLE, "PXB": NVML_TOPOLOGY_MULTIPLE, "PHB": NVML_TOPOLOGY_HOSTBRIDGE,
                   "NODE": NVML_TOPOLOGY_NODE, "SYS": NVML_TOPOLOGY_SYSTEM}
@@ -179,7 +92,7 @@ class _GpuInstance:
 class _FakeDevice:
     device: Device
     bus_id: str
-    nvlinks: list[tuple[int, str]] = field(default_factory=list)  # (remote device type, remote bus id)
+    nvlinks: list[tuple[int, str, int]] = field(default_factory=list)  # (remote type, remote bus id, version)
     profiles: dict[int, MigProfile] = field(default_factory=dict)  # profile index -> profile
     profile_ids: dict[str, int] = field(default_factory=dict)  # profile name -> profile id (incl. hidden)
     gpu_instances: dict[int, _GpuInstance] = field(default_factory=dict)
@@ -188,6 +101,19 @@ class _FakeDevice:
 
 def _bus(domain: int, bus: int) -> str:
     return f"{domain:08X}:{bus:02X}:00.0"
+
+
+#: ``Link.lane_gbps`` -> the nvmlNvlinkVersion_t a link of that per-lane speed reports
+#: (None: the table default of 25 GB/s, NVLink 2.x-4.x; 4.0 is reported).
+_VERSION_OF_LANE_GBPS = {None: NVML_NVLINK_VERSION_4_0, 50.0: NVML_NVLINK_VERSION_5_0, 20.0: NVML_NVLINK_VERSION_1_0}
+
+
+def _nvlink_version(link: Link) -> int:
+    try:
+        return _VERSION_OF_LANE_GBPS[link.lane_gbps]
+    except KeyError:
+        raise ValueError(f"link {link.a}-{link.b}: no NVLink version runs {link.lane_gbps} GB/s per lane "
+                         f"(NVML reports 20, 25 or 50)") from None
 
 
 def is_nvswitch_topology(topology: NodeTopology) -> bool:
@@ -206,7 +132,8 @@ class FakeNVML:
         topology: NVIDIA devices (NVML indices are the devices in index order).
 
     Raises:
-        ValueError: a device would need more than ``NVML_NVLINK_MAX_LINKS`` NVLinks.
+        ValueError: a device would need more than ``NVML_NVLINK_MAX_LINKS`` NVLinks, or an
+            NVLink has a per-lane speed no NVLink version has.
     """
 
     def __init__(self, topology: NodeTopology):
@@ -234,14 +161,16 @@ class FakeNVML:
         links = [l for l in topology.links if l.kind == "nvlink" and l.a in self._pos and l.b in self._pos]
         if is_nvswitch_topology(topology):
             lanes = links[0].count or 1
+            version = _nvlink_version(links[0])
             for fd in self._devices:
-                fd.nvlinks = [(NVML_NVLINK_DEVICE_TYPE_SWITCH, _bus(0, 0xE0 + l % 4)) for l in range(lanes)]
+                fd.nvlinks = [(NVML_NVLINK_DEVICE_TYPE_SWITCH, _bus(0, 0xE0 + l % 4), version) for l in range(lanes)]
         else:
             for l in links:
                 a, b = self._devices[self._pos[l.a]], self._devices[self._pos[l.b]]
+                version = _nvlink_version(l)
                 for _ in range(l.count or 1):
-                    a.nvlinks.append((NVML_NVLINK_DEVICE_TYPE_GPU, b.bus_id))
-                    b.nvlinks.append((NVML_NVLINK_DEVICE_TYPE_GPU, a.bus_id))
+                    a.nvlinks.append((NVML_NVLINK_DEVICE_TYPE_GPU, b.bus_id, version))
+                    b.nvlinks.append((NVML_NVLINK_DEVICE_TYPE_GPU, a.bus_id, version))
         for fd in self._devices:
             if len(fd.nvlinks) > NVML_NVLINK_MAX_LINKS:
                 raise ValueError(f"device {fd.device.index}: {len(fd.nvlinks)} NVLinks exceed NVML_NVLINK_MAX_LINKS")
@@ -402,7 +331,7 @@ class FakeNVML:
         return _PCIE_TO_LEVEL[link.pcie]
 
     # ------------------------------------------------------------ NVLink
-    def _nvlink(self, function: str, handle: _Handle, link: int) -> tuple[int, str] | None:
+    def _nvlink(self, function: str, handle: _Handle, link: int) -> tuple[int, str, int] | None:
         fd = self._enter(function, handle)
         if not 0 <= link < NVML_NVLINK_MAX_LINKS:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
@@ -418,6 +347,12 @@ class FakeNVML:
         if end is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return _pci_info(end[1])
+
+    def nvmlDeviceGetNvLinkVersion(self, device: _Handle, link: int) -> int:
+        end = self._nvlink("nvmlDeviceGetNvLinkVersion", device, link)
+        if end is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return end[2]
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: _Handle, link: int) -> int:
         end = self._nvlink("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
@@ -539,13 +474,6 @@ class FakeNVML:
         return c_nvmlDeviceAttributes(multiprocessorCount=self._known(sms))
 
     nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
-
-
-def _pci_info(bus_id: str) -> nvmlPciInfo_t:
-    domain, bus, rest = (bus_id.split(":") + ["0", "0", "0"])[:3]
-    info = nvmlPciInfo_t(busId=bus_id.encode(), busIdLegacy=bus_id[-12:].encode())
-    info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0] or "0", 16)
-    return info
 
 
 # Module-level aliases so ``FakeNVML`` instances also carry the constants and types.

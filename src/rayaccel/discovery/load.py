@@ -68,6 +68,8 @@ def load_topology_with_warnings(source: Source, *, name: str | None = None) -> t
     Raises:
         CatalogError, TopologyError, CaptureError: as :func:`load_topology`.
     """
+    if name is not None and not isinstance(name, str):
+        raise TopologyError(f"expected a str or None, got {type(name).__name__}", "name")
     if isinstance(source, (str, os.PathLike)):
         return _load_one(source, name)
     if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
@@ -76,9 +78,16 @@ def load_topology_with_warnings(source: Source, *, name: str | None = None) -> t
             raise TopologyError("no topology source given (expected a catalog name, a JSON file or capture files)")
         if len(items) == 1:
             return load_topology_with_warnings(items[0], name=name)
+        for k, p in enumerate(items):
+            if not isinstance(p, (str, os.PathLike)):
+                raise TopologyError(f"source {k}: expected a capture file path or capture text, got {type(p).__name__}")
         missing = [str(p) for p in items if not _is_text_capture_arg(p) and not Path(p).is_file()]
         if missing:
             raise CaptureError(f"not a file: {', '.join(missing)} (several sources must all be capture files)", missing[0])
+        for p in items:
+            if not _is_text_capture_arg(p) and _looks_like_json(Path(p)):
+                raise TopologyError(f"{p}: a topology JSON file must be given alone (got {len(items)} sources); "
+                                    "only text captures of one machine are combined")
         return _import(items, name)
     raise TopologyError(
         f"cannot load a topology from {type(source).__name__}; expected a catalog name, a file path or a list of capture files"
@@ -89,6 +98,18 @@ def _is_text_capture_arg(item: object) -> bool:
     return isinstance(item, str) and "\n" in item
 
 
+def _looks_like_json(path: Path) -> bool:
+    """A ``.json`` file, or one whose first non-blank character is ``{`` (unreadable: False)."""
+    if path.suffix.lower() == ".json":
+        return True
+    try:
+        with path.open("rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{")
+
+
 def _load_one(source: str | os.PathLike, name: str | None) -> tuple[NodeTopology, tuple[str, ...]]:
     from .. import catalog
 
@@ -96,6 +117,9 @@ def _load_one(source: str | os.PathLike, name: str | None) -> tuple[NodeTopology
         if "\n" in source:  # capture text itself
             return _import([source], name)
         key = source.strip()
+        if not key:
+            raise TopologyError(f"empty topology source {source!r}; expected a catalog name (e.g. {catalog.DEFAULT}; "
+                                "see `rayaccel topo list`), a topology JSON file or a capture file")
         if key in catalog.names():
             return catalog.load(key), ()
     path = Path(source)
@@ -114,6 +138,8 @@ def _load_one(source: str | os.PathLike, name: str | None) -> tuple[NodeTopology
         raise TopologyError(f"{path}: not a text file (expected a topology JSON file or a text capture)") from None
     except OSError as e:
         raise TopologyError(f"{path}: cannot read: {e.strerror}") from None
+    if path.suffix.lower() == ".json" and not text.strip():
+        raise TopologyError(f"{path}: empty file; expected a topology JSON object ({{\"schema\": ...}})")
     if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
         try:
             return NodeTopology.from_json(text), ()

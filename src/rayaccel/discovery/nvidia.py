@@ -15,7 +15,10 @@ What it asks NVML, per device ``i`` (handle ``h``):
   ``nvmlDeviceGetNvLinkRemoteDeviceType`` and ``nvmlDeviceGetNvLinkRemotePciInfo``.
   A GPU peer adds a lane to that peer (matched by bus id). A SWITCH peer marks an
   NVSwitch system: every pair of GPUs that both reach switches is joined with
-  ``min(lanes_a, lanes_b)`` lanes (go-gpuallocator misses these; HAMi's fix);
+  ``min(lanes_a, lanes_b)`` lanes (go-gpuallocator misses these; HAMi's fix).
+  ``nvmlDeviceGetNvLinkVersion`` gives the lane speed: NVLink 5.0 -> ``lane_gbps=50``,
+  1.0 -> 20; others (2.x-4.x, or unknown) keep the table default (None). A pair gets a
+  speed only when all active links of both devices report that one speed;
 * PCIe: ``nvmlDeviceGetTopologyCommonAncestor`` for every pair (INTERNAL/SINGLE ->
   PIX, MULTIPLE -> PXB, HOSTBRIDGE -> PHB, NODE -> NODE, SYSTEM -> SYS), kept on
   NVLink links too;
@@ -50,6 +53,10 @@ _NO_DRIVER_HINT = "install the NVIDIA driver (libnvidia-ml.so), or set RAYACCEL_
 _ABSENT = ("LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED")
 _UNKNOWN = ("NOT_SUPPORTED", "FUNCTION_NOT_FOUND", "NO_DATA", "NO_PERMISSION")
 _LEVEL_TO_PCIE = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+#: nvmlNvlinkVersion_t -> per-lane GB/s per direction, where it differs from the topology table's
+#: NVLink default (25 GB/s, NVLink 2.x-4.x): NVML_NVLINK_VERSION_1_0 (P100) and _5_0 (Blackwell).
+#: Note NVML numbers versions 1..7 for NVLink 1.0, 2.0, 2.2, 3.0, 3.1, 4.0, 5.0.
+_NVLINK_VERSION_LANE_GBPS = {1: 20.0, 7: 50.0}
 _MAX_MIG_PLACEMENTS = 32
 _MAX_GPU_INSTANCES = 16
 _MAX_GI_ID = 32  # GPU instance ids probed when the profile table cannot be read
@@ -352,6 +359,7 @@ class NvidiaBackend:
         switch_t = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
         enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
         lanes: dict[int, dict[int, int]] = {i: {} for i in handles}
+        speeds: dict[int, set[float | None]] = {i: set() for i in handles}  # per-lane GB/s of each active link
         to_switch: dict[int, int] = {}
         lost: set[int] = set()
         for i, h in handles.items():
@@ -360,6 +368,8 @@ class NvidiaBackend:
                     state = s.call("nvmlDeviceGetNvLinkState", h, link, device=i, unknown=("INVALID_ARGUMENT",))
                     if state != enabled:
                         continue
+                    version = s.call("nvmlDeviceGetNvLinkVersion", h, link, device=i, unknown=("INVALID_ARGUMENT",))
+                    speeds[i].add(_NVLINK_VERSION_LANE_GBPS.get(version) if isinstance(version, int) else None)
                     kind = s.call("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, device=i, unknown=("INVALID_ARGUMENT",))
                     if kind == switch_t:
                         to_switch[i] = to_switch.get(i, 0) + 1
@@ -380,7 +390,8 @@ class NvidiaBackend:
                     count += min(to_switch[a], to_switch[b])
                 pcie = self._pcie(s, handles[a], handles[b], a, b)
                 if count:
-                    links.append(Link(a, b, "nvlink", count, pcie))
+                    same = speeds[a] | speeds[b]
+                    links.append(Link(a, b, "nvlink", count, pcie, next(iter(same)) if len(same) == 1 else None))
                 elif pcie is not None:
                     links.append(Link(a, b, "pcie", None, pcie))
         return links

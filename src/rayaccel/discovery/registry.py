@@ -162,13 +162,26 @@ def register_backend(name: str, factory: Factory | str, clobber: bool = False) -
         clobber: replace an existing backend of that name instead of raising.
 
     Raises:
-        PluginError: ``name`` is taken and ``clobber`` is False, or ``name``/``factory``
-            is malformed.
+        PluginError: ``name`` is taken and ``clobber`` is False, ``name``/``factory``/``clobber``
+            is malformed, or ``factory`` is a class without ``available``/``discover`` methods
+            (anything else about the instance is checked when it is first created).
     """
     if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_" for c in name):
         raise PluginError(f"invalid backend name {name!r}: use letters, digits, '-' or '_'", backend=str(name))
     if not (callable(factory) or (isinstance(factory, str) and ":" in factory)):
         raise PluginError(f"factory must be callable or a 'module:attr' string, got {factory!r}", backend=name)
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        if not module.strip() or not attr.strip():
+            raise PluginError(f"factory string {factory!r} must be 'module:attr' (e.g. 'my_pkg.gaudi:GaudiBackend')",
+                              backend=name)
+    if isinstance(factory, type):  # a class: its methods can be checked now, before any instance exists
+        missing = [m for m in ("available", "discover") if not callable(getattr(factory, m, None))]
+        if missing:
+            raise PluginError(f"class {factory.__qualname__} does not conform to the Backend protocol: "
+                              + "; ".join(f"missing method {m}()" for m in missing), backend=name)
+    if not isinstance(clobber, bool):
+        raise PluginError(f"clobber must be True or False, got {clobber!r}", backend=name)
     with _lock:
         _load_entry_points()
         if name in _entries and not clobber:

@@ -91,6 +91,7 @@ def parse_capture(text: str, path: str = "<text>", *, name: str | None = None) -
         CaptureError: not a recognised capture, or damaged beyond what can be
             imported safely (message names file, line and what was expected).
     """
+    _check_name(name)
     frags = _fragments(text, path)
     return _result(frags, name if name is not None else _stem(path), (f"capture:{Path(path).name}",))
 
@@ -112,6 +113,7 @@ def import_captures(paths_or_texts: Sequence[str | Path], *, name: str | None = 
             captures that cannot describe one machine (different device sets,
             vendors or hosts).
     """
+    _check_name(name)
     if isinstance(paths_or_texts, (str, Path)):
         paths_or_texts = [paths_or_texts]
     if not paths_or_texts:
@@ -132,6 +134,11 @@ def import_captures(paths_or_texts: Sequence[str | Path], *, name: str | None = 
 def _result(frags: list[Fragment], name: str | None, sources: tuple[str, ...]) -> ImportResult:
     topo, warnings = combine(frags, name=name, sources=sources)
     return ImportResult(topo, warnings)
+
+
+def _check_name(name: object) -> None:
+    if name is not None and not isinstance(name, str):
+        raise CaptureError(f"name: expected a str or None, got {type(name).__name__}")
 
 
 def _stem(path: str) -> str | None:
@@ -161,6 +168,9 @@ def _fragments(text: str, path: str) -> list[Fragment]:
             raise CaptureError(f"internal error reading this {fmt} capture ({type(e).__name__}: {e}); "
                                "please report it with the capture", path) from e
     if not frags:
+        if text.lstrip().startswith("{") and '"schema"' in text[:4096]:
+            raise CaptureError("not a recognised capture: this is a topology JSON file; load it alone with "
+                               "rayaccel.load_topology(path) or NodeTopology.load(path)", path)
         first = next((ln for ln in lines if ln.text.strip()), None)
         shown = first.text.strip()[:60] if first else ""
         raise CaptureError(f"not a recognised capture (starts with {shown!r}); {_EXPECTED}", path,
@@ -194,12 +204,16 @@ def _read(item: str | Path, k: int) -> tuple[str, str]:
         return _read_file(p), item
     if looks_like_capture(item):
         return item, "<text>"
+    if p.is_dir():
+        raise CaptureError("is a directory, not a file; expected a capture file", item)
     if p.exists():
-        raise CaptureError("not a file", item)
+        raise CaptureError("not a regular file; expected a capture file", item)
     raise CaptureError("no such file (and the string is not the text of a capture)", item)
 
 
 def _read_file(p: Path) -> str:
+    if p.is_dir():
+        raise CaptureError("is a directory, not a file; expected a capture file", str(p))
     try:
         data = p.read_bytes()
     except OSError as e:
@@ -216,5 +230,5 @@ def _read_file(p: Path) -> str:
         return data.decode(enc)
     except UnicodeDecodeError:
         if b"\x00" in data[:65536]:
-            raise CaptureError("not a text capture (binary data)", str(p)) from None
+            raise CaptureError(f"not a text capture (binary data); {_EXPECTED}", str(p)) from None
         return data.decode("latin-1")
