@@ -43,3 +43,21 @@ def test_plan_json_and_unknown_device(app_and_topo):
     assert data["ok"] and set(data["devices"]) in ({0, 1, 2, 3}, {4, 5, 6, 7})
     res = CliRunner().invoke(app, ["plan", "--topology", path, "--gpus", "1", "--busy", "9"])
     assert isinstance(res.exception, RequestError) and "no device 9" in str(res.exception)
+
+
+def test_plan_mig_proposes_a_layout_when_no_instance_is_free():
+    from rayaccel.cli import app as real_app
+
+    res = CliRunner().invoke(real_app, ["plan", "--topology", "hgx-h100", "--mig", "3g.40gb", "--busy", "0", "--json"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.output)
+    assert out["mig_layout"]["create"] == [{"gpu": 1, "profile": "3g.40gb", "start": 4}]
+    assert out["mig_layout"]["commands"] == ["nvidia-smi mig -i 1 -cgi 9:4 -C"]
+
+
+def test_plan_unknown_mig_profile_lists_the_known_ones():
+    from rayaccel.cli import app as real_app
+
+    res = CliRunner().invoke(real_app, ["plan", "--topology", "hgx-h100", "--mig", "9g.1tb"])
+    assert res.exit_code == 1
+    assert "no device on this node knows MIG profile '9g.1tb'" in res.output and "3g.40gb" in res.output

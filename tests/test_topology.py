@@ -119,3 +119,10 @@ def test_round_trip_random(n, data):
                 links.append(Link(a, b, kind, data.draw(st.one_of(st.none(), st.integers(1, 18)))))
     t = NodeTopology(devices=devs, links=tuple(links)).validate()
     assert NodeTopology.from_json(t.to_json()) == t
+
+
+def test_load_binary_file_is_a_clear_error(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
+    with pytest.raises(TopologyError, match="not a text file"):
+        NodeTopology.load(p)

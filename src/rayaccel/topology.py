@@ -455,6 +455,8 @@ class NodeTopology:
         p = Path(path)
         try:
             text = p.read_text()
+        except UnicodeDecodeError:
+            raise TopologyError(f"{p}: not a text file; expected a topology JSON file") from None
         except OSError as e:
             raise TopologyError(f"{p}: cannot read: {e.strerror}") from None
         try:

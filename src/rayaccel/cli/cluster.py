@@ -44,8 +44,9 @@ def _status(address: str = typer.Option("auto", "--address", help="Ray address t
 
     try:
         node.init(address=address, logging_level="ERROR", log_to_driver=False)
-    except ConnectionError as e:
-        fail(f"cannot connect to Ray at {address!r}: {e} (start a node with `rayaccel start --head`)")
+    except (ConnectionError, ValueError) as e:
+        fail(f"cannot connect to Ray at {address!r}: {e} (expected 'auto' or HOST:PORT of a node started with "
+             "`rayaccel start --head`)")
     try:
         data = status.cluster_status()
     finally:

@@ -54,11 +54,33 @@ def plan_cmd(
         fields["gpus"] = gpus
     elif mig is not None or shared:
         fields["gpus"] = 0
-    result = plan(topo, busy=_parse_busy(busy), **fields)
+    busy_set = _parse_busy(busy)
+    result = plan(topo, busy=busy_set, **fields)
+    layout = None
+    if not result and mig is not None:
+        # No free instance: propose new ones (dry run) where the profile fits.
+        from ..placement import NodeState, plan_mig_layout
+
+        layout = plan_mig_layout(NodeState(topo, busy=frozenset(busy_set)), [mig])
+        if not layout.placed:
+            layout = None
     if as_json:
-        print_json(result.to_dict())
+        out = result.to_dict()
+        if layout is not None:
+            out["mig_layout"] = {"commands": layout.commands(),
+                                 "create": [{"gpu": n.gpu, "profile": n.profile.name, "start": n.start} for n in layout.create]}
+        print_json(out)
     else:
         console.print(result.explain(), markup=False)
+        if layout is not None:
+            console.print(f"\nproposed MIG layout (dry run, nothing is applied): {layout.placed} new instance(s)",
+                          markup=False)
+            for line in layout.commands():
+                console.print(f"  {line}", markup=False)
+            off = sorted({n.gpu for n in layout.create if topo.device(n.gpu).mig_mode is not True})
+            if off:
+                console.print(f"  (MIG mode is not known to be on for GPU {', '.join(map(str, off))}: "
+                              "`nvidia-smi -i N -mig 1` first, with no processes on it)", markup=False)
     if not result:
         raise typer.Exit(1)
 

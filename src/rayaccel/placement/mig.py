@@ -71,7 +71,12 @@ def place_instance(state: NodeState, request: Request) -> Allocation | Rejection
         free_txt = ", ".join(f"{k} x{v}" for k, v in sorted(free_other.items())) or "none"
         reasons = [f"no free MIG instance of profile {name} (free: {free_txt})"]
         can = [d.index for d in state.topology.devices if d.profile(name) is not None and d.index not in state.busy]
-        if can:
+        known = sorted({m.name for d in state.topology.devices for m in d.mig_profiles}
+                       | {p.profile for d in state.topology.devices for p in d.partitions})
+        if not any(name == k for k in known):
+            reasons.append(f"no device on this node knows MIG profile {name!r} "
+                           f"(profiles here: {', '.join(known) if known else 'none: no MIG-capable device'})")
+        elif can:
             reasons.append(f"devices {', '.join(map(str, can))} support {name}: plan_mig_layout() can propose one")
         return Rejection(tuple(reasons), request, state.node_id)
     cands.sort(key=lambda c: (c[0], c[1], c[2]))
