@@ -6,9 +6,11 @@
 2. if nothing fits now, check that the request could fit on an idle cluster,
    otherwise raise :class:`~rayaccel.errors.Unsatisfiable` at once (the request
    would hang in Ray's queue forever);
-3. if it could, pick where to queue: the best set among the devices with the
-   fewest of this driver's unfinished submissions (queue-depth levels), so a
-   saturated cluster fills evenly instead of piling onto the first set.
+3. if it could: tasks go to the dispatcher (:mod:`rayaccel.ray.dispatch`), which
+   starts them on the first suitable set that frees, wherever it is; actors (and
+   streaming generators) pick where to queue in Ray: the best set among the
+   devices with the fewest of this driver's unfinished submissions (queue-depth
+   levels), so a saturated cluster fills evenly instead of piling onto the first set.
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ def reset() -> None:
     _REGISTRY_READY = False
     _SATISFIABLE.clear()
     registry.reset()
+    from . import dispatch
+
+    dispatch.reset()
 
 
 def _reject_message(request: Any, nodes: list[NodeView], rejection: Any) -> str:
@@ -115,8 +120,15 @@ def effective(node: NodeView, resources: dict, minus: dict | None) -> dict[str, 
     return {k: node.available.get(k, 0.0) - minus.get(k, 0.0) for k in resources}
 
 
-def plan(request: Any, *, fresh: bool = False) -> tuple[Any, NodeView, dict]:
+def plan(request: Any, *, fresh: bool = False, queue: bool = True) -> tuple[Any, NodeView, dict] | None:
     """Place ``request`` on the cluster now; return ``(Allocation, NodeView, pending claims on that node)``.
+
+    Args:
+        request: what to place.
+        fresh: read Ray's numbers now instead of the cached view.
+        queue: when nothing fits now, pick a busy set to queue on (actors, generators);
+            with ``queue=False`` return None instead, after one fresh re-read (tasks
+            then go to the :mod:`~rayaccel.ray.dispatch` queue).
 
     Raises:
         Unsatisfiable: no node could ever meet the request.
@@ -128,6 +140,14 @@ def plan(request: Any, *, fresh: bool = False) -> tuple[Any, NodeView, dict]:
     check_satisfiable(request, nodes)
     recent = recent_claims(nodes)
     alloc = place([node_state(n, recent.get(n.node_id)) for n in nodes], request)
+    if not alloc and not queue:
+        if not fresh and not claims().pending_tasks():
+            # Ray's numbers lag ~100 ms behind releases: read once more before queueing.
+            nodes = view().nodes(fresh=True)
+            recent = recent_claims(nodes)
+            alloc = place([node_state(n, recent.get(n.node_id)) for n in nodes], request)
+        if not alloc:
+            return None
     if not alloc and not claims().pending_tasks():
         # No task of ours is pending: what looks busy is held by others, or was just
         # freed and Ray's numbers lag (~100 ms). Look again before queueing.

@@ -14,7 +14,11 @@ At each submit rayaccel places the request on the cluster (see
 :mod:`rayaccel.ray.context`) and hands Ray a task asking for exactly the chosen
 device resources (:mod:`rayaccel.ray.resources`) with
 ``NodeAffinitySchedulingStrategy(node, soft=False)``; the worker side runs
-:mod:`rayaccel.ray.worker` before user code. Tasks on real (non-simulated)
+:mod:`rayaccel.ray.worker` before user code. When no suitable set is free (or
+this driver already has calls waiting), a task goes to the cluster's
+dispatcher (:mod:`rayaccel.ray.dispatch`), which starts it on the first
+suitable set that frees; the caller still gets an ordinary ObjectRef. Actors
+queue in Ray on the least-loaded set chosen at creation. Tasks on real (non-simulated)
 hardware default to ``max_calls=1`` like Ray's own GPU tasks, because CUDA
 cannot change its visible devices once initialised in a process.
 """
@@ -75,15 +79,17 @@ def _split(options: dict) -> tuple[dict, dict]:
     return req, ray_opts
 
 
-def _spec_and_options(request: Any, name: str, ray_opts: dict, *, task: bool) -> tuple[Any, dict, Any]:
+def pin(request: Any, alloc: Any, node: Any, name: str, ray_opts: dict, *, task: bool,
+        minus: dict | None = None) -> tuple[Any, dict, dict]:
+    """The worker :class:`Spec`, the Ray options pinning the work to ``alloc`` on ``node``, and its resources.
+
+    Shared by the direct path and the dispatcher (:mod:`rayaccel.ray.dispatch`).
+    """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from . import context
     from .resources import allocation_resources
     from .worker import Spec
 
-    context.ensure_connected()
-    alloc, node, minus = context.plan(request)
     shared = dict(alloc.memory_bytes) if request.kind == "shared" else {}
     res = allocation_resources(node.topology, alloc.devices if request.kind == "devices" else (),
                                alloc.partitions, shared)
@@ -97,6 +103,19 @@ def _spec_and_options(request: Any, name: str, ray_opts: dict, *, task: bool) ->
     opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
     if task and not node.record.simulated:
         opts.setdefault("max_calls", 1)
+    return spec, opts, res
+
+
+def _spec_and_options(request: Any, name: str, ray_opts: dict, *, task: bool,
+                      queue: bool = True) -> tuple[Any, dict, Any] | None:
+    from . import context
+
+    context.ensure_connected()
+    planned = context.plan(request, queue=queue)
+    if planned is None:
+        return None
+    alloc, node, minus = planned
+    spec, opts, res = pin(request, alloc, node, name, ray_opts, task=task)
     return spec, opts, (node.node_id, res, context.effective(node, res, minus))
 
 
@@ -154,9 +173,16 @@ class RemoteFunction:
             Unsatisfiable: no node could ever run this request.
             ClusterError: Ray is not initialised.
         """
-        from . import context
+        from . import context, dispatch
 
-        spec, opts, (node_id, res, before) = _spec_and_options(self._request, self._name, self._ray_opts, task=True)
+        routable = dispatch.routable(self._ray_opts)
+        planned = None
+        if not (routable and dispatch.queued_here()):  # FIFO: never overtake this driver's queued calls
+            planned = _spec_and_options(self._request, self._name, self._ray_opts, task=True, queue=not routable)
+        if planned is None:
+            # nothing suitable is free: wait at the dispatcher, not pinned behind one busy set
+            return dispatch.submit(self._base(), self._request, self._name, self._ray_opts, args, kwargs)
+        spec, opts, (node_id, res, before) = planned
         opts.setdefault("name", self._name)
         ref = self._submitter(opts).remote(spec, *args, **kwargs)
         first = ref[0] if isinstance(ref, list) else ref

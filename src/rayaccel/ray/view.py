@@ -61,18 +61,20 @@ class Claims:
         self._seq = 0
 
     def add(self, node_id: str, resources: Mapping[str, float], ref: Any = None,
-            before: Mapping[str, float] | None = None) -> int:
+            before: Mapping[str, float] | None = None, age_s: float = 0.0) -> int:
         """Record a submission; if ``ref`` is given, drop the claim when it completes.
 
         ``before``: the effective availability of each resource when the work was
         placed; once Ray's own numbers drop by the claimed amount the claim is
         reflected there and no longer subtracted (so it is never counted twice).
-        Without ``ref`` (actors, gangs) the claim lasts ``grace_s``.
+        Without ``ref`` (actors, gangs) the claim lasts ``grace_s``. ``age_s``: how
+        long ago the work was submitted (claims forwarded from another process).
         """
         with self._lock:
             self._seq += 1
             cid = self._seq
-            self._entries[cid] = (node_id, dict(resources), time.monotonic(), ref is not None, dict(before or {}))
+            self._entries[cid] = (node_id, dict(resources), time.monotonic() - age_s, ref is not None,
+                                  dict(before or {}), ref)
             acc = self._depth.setdefault(node_id, {})
             for k in resources:
                 acc[k] = acc.get(k, 0) + 1
@@ -122,7 +124,7 @@ class Claims:
         now = time.monotonic()
         out: dict[str, dict[str, float]] = {}
         with self._lock:
-            for node, res, t, _, before in reversed(self._entries.values()):
+            for node, res, t, _, before, _ref in reversed(self._entries.values()):
                 if now - t > self.grace_s:
                     break
                 avail = (available or {}).get(node)
@@ -131,6 +133,17 @@ class Claims:
                     if avail is not None and k in before and avail.get(k, 0.0) <= before[k] - v + _EPS:
                         continue  # Ray already counts it
                     acc[k] = acc.get(k, 0.0) + v
+        return out
+
+    def young(self) -> list[tuple[int, str, dict, dict, float, Any]]:
+        """``(claim id, node, resources, before, age_s, ref)`` of claims younger than ``grace_s``, newest first."""
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            for cid, (node, res, t, _, before, ref) in reversed(self._entries.items()):
+                if now - t > self.grace_s:
+                    break
+                out.append((cid, node, res, before, now - t, ref))
         return out
 
     def depth(self) -> dict[str, dict[str, int]]:
