@@ -412,13 +412,21 @@ def draw_cluster(nodes: Sequence[tuple[str, NodeTopology, Mapping[int, str]]], p
         raise VizError("draw_cluster needs at least one (name, topology, assignments) node")
     plt = _plt()
     extents = [_extent(t) for _, t, _ in nodes]
-    width = sum(max(3.0, w * 0.6) for w, _ in extents) + 3.0
-    height = max(max(2.5, h * 0.6) for _, h in extents) + 1.6
-    fig, axes = plt.subplots(1, len(nodes), figsize=(width, height), squeeze=False,
-                             gridspec_kw={"width_ratios": [max(1.0, w) for w, _ in extents]})
+    # Two nodes per row keeps the picture readable (a single row of 4 nodes is ~6:1).
+    cols = 1 if len(nodes) == 1 else 2
+    rows = [list(range(i, min(i + cols, len(nodes)))) for i in range(0, len(nodes), cols)]
+    row_w = [sum(max(3.0, extents[i][0] * 0.6) for i in r) for r in rows]
+    row_h = [max(max(2.5, extents[i][1] * 0.6) for i in r) + 0.8 for r in rows]
+    fig = plt.figure(figsize=(max(row_w) + 3.0, sum(row_h) + 0.8))
+    outer = fig.add_gridspec(len(rows), 1, height_ratios=row_h)
+    axes_list = []
+    for k, r in enumerate(rows):
+        ratios = [max(1.0, extents[i][0]) for i in r] + ([max(1.0, extents[r[0]][0])] * (cols - len(r)))
+        inner = outer[k].subgridspec(1, cols, width_ratios=ratios)
+        axes_list += [fig.add_subplot(inner[0, j]) for j in range(len(r))]
     colours = _colours([label for _, _, a in nodes for label in (a or {}).values()])
     used: set[str] = set()
-    for ax, (name, topo, assign) in zip(axes[0], nodes):
+    for ax, (name, topo, assign) in zip(axes_list, nodes):
         used |= _draw_node(ax, topo, assign, name, colours)
     handles = _legend_handles(used, colours)
     if handles:
