@@ -24,6 +24,8 @@ def cluster(tmp_path_factory):
     import sys
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import test modules
+    if ray.is_initialized():  # e.g. the Ray-layer tests' session cluster: it reconnects when needed
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp), configure_logging=False,
              runtime_env={"env_vars": {"RAYACCEL_SPILL_DIR": str(spill), "RAY_AUTH_MODE": "disabled"}})
     yield spill

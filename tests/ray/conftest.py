@@ -45,6 +45,13 @@ def sim_cluster():
 @pytest.fixture
 def cluster(sim_cluster):
     """The session cluster, checked idle before and after the test (nothing leaked)."""
+    import ray
+
+    if not ray.is_initialized():  # another module's fixture ran its own Ray in between: reconnect
+        from rayaccel.ray import context
+
+        ray.init(address=sim_cluster.address, logging_level="ERROR", log_to_driver=False)
+        context.reset()
     wait_idle(sim_cluster)
     yield sim_cluster
     wait_idle(sim_cluster)
