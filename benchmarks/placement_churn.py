@@ -13,9 +13,10 @@ largest single-node size. Arrivals are Poisson at
 90% of the cluster's GPU capacity, durations exponential (mean 1.0), FIFO queue
 with backfill (every waiting job is tried at each event).
 
-Node choice: rayaccel uses its cluster placer (``place``: interconnect class,
-then the machine type's best interconnect, then packing, see
-``rayaccel.placement.cluster.node_rank``);
+Node choice: rayaccel uses its cluster placer (``place``; see
+``rayaccel.placement.cluster.node_rank``: multi-GPU jobs get their machine
+type's best interconnect, then partly used nodes first, then best fit, then the
+better-wired set; 1-GPU jobs go to partly used nodes first, then first fit);
 first_free / besteffort / random take the first node with enough free devices
 (Ray's and the Kubernetes device plugin's device choice are per node) and then
 choose devices their way.
@@ -23,7 +24,8 @@ choose devices their way.
 Metrics for multi-GPU jobs: share placed on their best possible interconnect
 (weakest link as strong as the best k-set of an idle node of that type), mean
 modeled ring all-reduce bandwidth, mean queueing delay; fragmentation as the
-mean share of free GPUs that sit on partly used nodes, sampled at arrivals.
+mean share of free GPUs that sit on partly used nodes, sampled at arrivals
+(Poisson arrivals see time averages, so this is the time-averaged share).
 
 Run: python benchmarks/placement_churn.py [--quick]
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayaccel.errors import RequestError
-from rayaccel.placement import GangAllocation, NodeState, Request, place, place_gang
+from rayaccel.placement import GangAllocation, NodeState, Request, place, place_gang, plan
 from rayaccel.placement.baselines import besteffort, first_free, random_policy
 
 from test_placement_machines import dgx1v, hgx_h100, pcie8
@@ -98,3 +98,26 @@ def test_first_free_and_random():
     a = random_policy(st, Request(gpus=3))
     assert len(set(a.devices)) == 3 and not {0, 2} & set(a.devices)
     assert not first_free(st, Request(gpus=7))
+
+
+def test_multi_gpu_job_packs_onto_a_partly_used_node_that_offers_its_types_best():
+    """A 2-GPU job takes a same-switch pair on a partly used PCIe box (its type's best) before opening an idle H100."""
+    used = NodeState(pcie8(), busy=frozenset({0}), node_id="pcie-used")
+    idle = NodeState(hgx_h100(), node_id="h100-idle")
+    assert plan(used, gpus=2).score.weakest_rank == plan(pcie8(), gpus=2).score.weakest_rank
+    assert place([idle, used], Request(gpus=2)).node == "pcie-used"
+
+
+def test_multi_gpu_job_on_equally_packed_nodes_takes_the_better_wired_one():
+    nodes = [NodeState(pcie8(), busy=frozenset({0, 1}), node_id="pcie"),
+             NodeState(hgx_h100(), busy=frozenset({0, 1}), node_id="h100")]
+    a = place(nodes, Request(gpus=2))
+    assert a.node == "h100" and a.score.weakest == "NV18"
+
+
+def test_single_gpu_jobs_fill_partly_used_nodes_first_fit():
+    """1-GPU jobs: partly used nodes first, then the earlier node (not the fullest): a stable prefix fills up."""
+    nodes = [NodeState(hgx_h100(), node_id="idle"), NodeState(hgx_h100(), busy=frozenset({0}), node_id="a"),
+             NodeState(hgx_h100(), busy=frozenset({0, 1, 2}), node_id="b")]
+    assert place(nodes, Request(gpus=1)).node == "a"
+    assert place(nodes[:1], Request(gpus=1)).node == "idle"

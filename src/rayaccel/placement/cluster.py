@@ -3,9 +3,10 @@
 :func:`place` asks every node for its best allocation (cached per node state
 *key*: topology content + what is taken + request, so the many nodes sharing
 a machine type and free state cost one dictionary lookup each) and ranks them
-by :func:`node_rank`: interconnect class, then "as good as this machine type
+by :func:`node_rank`: for multi-device requests "as good as this machine type
 gets", then packing (partly used nodes first, then best fit), then criteria
-1-3; ties go to the first node in the given order.
+1-3; for single devices partly used nodes first, then first fit in the given
+order; ties go to the first node in the given order.
 
 :func:`place_gang` places N workers of k devices:
 
@@ -24,7 +25,6 @@ from collections import Counter
 from dataclasses import replace
 from typing import Sequence
 
-from ..topology import PCIE_CLASSES
 from ..errors import RequestError
 from .node import Decision, allocate, decide, materialize
 from .request import Request, make_request
@@ -34,7 +34,6 @@ from .state import NodeState
 STRATEGIES = ("pack", "spread", "strict-pack")
 _RESULTS: dict = {}  # request -> {node state key: (rank or () when rejected, allocation or rejection)}
 _IDLE: dict = {}  # (topology key, request) -> weakest-link rank of the best set on an idle node
-_DIRECT_CLASS = len(PCIE_CLASSES) + 1
 
 
 def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) -> Allocation | Rejection:
@@ -91,13 +90,21 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
 def node_rank(state: NodeState, alloc: Allocation | Decision) -> tuple:
     """How the cluster placer ranks a node's allocation (higher is better; ties go to the earlier node).
 
-    1. the set's interconnect class: all pairs directly linked (NVLink/xGMI), else PCIe;
-    2. whether the set is as good as the best an *idle* node of that type offers
+    Multi-device requests:
+
+    1. whether the set is as good as the best an *idle* node of that type offers
        (same weakest link), i.e. the job gets its machine type's best interconnect;
-    3. packing: a node already partly used beats a fully free one (keep whole
+    2. packing: a node already partly used beats a fully free one (keep whole
        nodes for large jobs), then the node left with the fewest free devices
        (best fit);
-    4. criteria 1-3 of the set (weakest link, total bandwidth, NUMA, NIC).
+    3. criteria 1-3 of the set (weakest link, total bandwidth, NUMA, NIC), so
+       among equally packed nodes the better-wired type wins.
+
+    Single-device requests (no interconnect to protect): a partly used node
+    beats a fully free one, then criteria 1-3, then the earlier node (first fit
+    in the given order). First fit rather than best fit: consolidating small
+    jobs on a stable prefix of the nodes leaves the other nodes whole, and in
+    the churn benchmark it strands fewer free devices than best fit does.
 
     ``alloc`` may be a :class:`~.node.Decision` (the same ranking, computed before
     the allocation is materialized).
@@ -113,10 +120,11 @@ def node_rank(state: NodeState, alloc: Allocation | Decision) -> tuple:
         if sc is None or alloc.request.kind != "devices":  # MIG / shared memory: best score, then best fit
             return (sc.key() if sc is not None else (), -(n - taken - k))
         weakest, key = sc.weakest_rank, sc.key()
-    direct = 1 if k == 1 or (weakest is not None and weakest[0] == _DIRECT_CLASS) else 0
+    if k == 1:
+        return (1 if taken else 0, key)
     best = _idle_best(state, alloc.request)
     reaches = 1 if best is None or weakest == best else 0
-    return (direct, reaches, 1 if taken else 0, -(n - taken - k), key)
+    return (reaches, 1 if taken else 0, -(n - taken - k), key)
 
 
 def _evaluate(st: NodeState, req: Request) -> tuple:
