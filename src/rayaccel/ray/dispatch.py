@@ -57,7 +57,10 @@ HANDLE_CHECK_S = 0.5
 #: Ray retries of a queued call when the dispatcher itself dies (like a task's max_retries).
 MAX_TASK_RETRIES = 3
 
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # guards handle creation (held across Ray calls)
+# Guards _OUTSTANDING only. _done runs on Ray's callback thread: it must never wait for _LOCK, which
+# handle() holds across ray.get_actor, itself served by that thread (a deadlock seen in tests).
+_COUNT_LOCK = threading.Lock()
 _HANDLE: Any = None
 _HANDLE_AT = 0.0
 _FN_REFS: dict[int, Any] = {}
@@ -349,7 +352,7 @@ def _done(result: Any) -> None:
     global _HANDLE, _OUTSTANDING
     import ray
 
-    with _LOCK:
+    with _COUNT_LOCK:
         _OUTSTANDING -= 1
     if isinstance(result, ray.exceptions.RayActorError):
         _HANDLE = None
@@ -401,7 +404,7 @@ def submit(ray_fn: Any, request: Any, name: str, ray_opts: dict, args: tuple, kw
     first = ref[0] if isinstance(ref, list) else ref
     if hasattr(first, "_on_completed"):
         global _OUTSTANDING
-        with _LOCK:
+        with _COUNT_LOCK:
             _OUTSTANDING += 1
         first._on_completed(_done)
     return ref
