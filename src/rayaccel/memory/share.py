@@ -171,7 +171,13 @@ class Sharing:
                 self._segments[e.key] = shm
                 shared = SharedObject(self.node_id, owner_tag(), shm.name, e.layout.nbytes, crc)
             if self.export_hook is not None:
-                shared = self.export_hook(shared, data if data is not None else self._cpu_copy_or_view(e))
+                try:
+                    shared = self.export_hook(shared, data if data is not None else self._cpu_copy_or_view(e))
+                except BaseException:
+                    shm = self._segments.pop(e.key, None)  # a retry makes a new one: do not leak this one
+                    if shm is not None:
+                        close_segment(shm)
+                    raise
             self._exports[e.key] = shared
             return shared
 

@@ -322,9 +322,19 @@ class Store(_share.Sharing, TierMoves):
                 **self._transfers.snapshot(),
             }
 
-    def close(self) -> None:
-        """Drop every object, remove the spill directory and shared segments. Idempotent."""
-        with self._lock:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Drop every object, remove the spill directory and shared segments. Idempotent.
+
+        Args:
+            timeout_s: wait at most this long for another thread's operation to finish
+                (None: as long as it takes). Past it the files and segments are removed
+                anyway, so a thread stuck inside the store cannot hang process exit.
+        """
+        if not self._lock.acquire(timeout=-1 if timeout_s is None else max(0.0, timeout_s)):
+            self._closed = True
+            self._finalizer()
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
@@ -334,6 +344,8 @@ class Store(_share.Sharing, TierMoves):
             self._used = dict.fromkeys(TIERS, 0)
             self._exports.clear()
             self._finalizer()
+        finally:
+            self._lock.release()
 
     @property
     def closed(self) -> bool:

@@ -90,6 +90,7 @@ class SimulatedCluster:
             raise ClusterError("SimulatedCluster needs at least one topology (one per node)")
         if connect and ray.is_initialized():
             raise ClusterError("Ray is already initialised in this process; call rayaccel.shutdown() first")
+        topos = [resolve_topology(t) for t in topologies]  # bad names fail before anything is made
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self._own_tmp = "RAY_TMPDIR" not in os.environ
@@ -99,14 +100,13 @@ class SimulatedCluster:
         self.ray_gpus = ray_gpus
         self.nodes: list[SimNode] = []
         self._connected = False
-        topos = [resolve_topology(t) for t in topologies]
-        head = self._node_args(topos[0])
-        key = head.pop("_key")
-        head.update(temp_dir=self.temp_dir, include_dashboard=False)
-        self._cluster = Cluster(initialize_head=True, head_node_args=head)
-        hn = self._cluster.head_node
-        self.nodes.append(SimNode(node_id=hn.node_id, node_key=key, topology=topos[0], handle=hn))
         try:
+            head = self._node_args(topos[0])
+            key = head.pop("_key")
+            head.update(temp_dir=self.temp_dir, include_dashboard=False)
+            self._cluster = Cluster(initialize_head=True, head_node_args=head)
+            hn = self._cluster.head_node
+            self.nodes.append(SimNode(node_id=hn.node_id, node_key=key, topology=topos[0], handle=hn))
             for t in topos[1:]:
                 self._add(t)
             self._cluster.wait_for_nodes()

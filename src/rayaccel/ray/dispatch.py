@@ -39,6 +39,7 @@ least-loaded-set path of :mod:`rayaccel.ray.context`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -46,6 +47,7 @@ import uuid
 from collections import OrderedDict, deque
 from typing import Any
 
+log = logging.getLogger(__name__)
 NAME = "rayaccel-dispatcher"
 NAMESPACE = "rayaccel"
 #: Scheduling-pass period while requests are queued (releases by others), seconds.
@@ -68,6 +70,7 @@ _ACTOR_CLS: Any = None
 _OUTSTANDING = 0
 _DRIVER = uuid.uuid4().hex
 _HINTED_UPTO = 0
+_GEN = 0  # bumped by reset(): completions of calls from before a shutdown must not touch the new count
 #: ``RAYACCEL_DISPATCH=0`` turns the dispatcher off: tasks then queue in Ray on the
 #: least-loaded set chosen at submit (the behaviour of actors).
 ENABLED = os.environ.get("RAYACCEL_DISPATCH", "1") != "0"
@@ -171,8 +174,13 @@ class DispatcherCore:
         loop = asyncio.get_running_loop()
         while any(self.queue.values()):
             self.kick.clear()
-            nodes = await loop.run_in_executor(self.pool, lambda: self.view.nodes(fresh=True))
-            self.pass_once(nodes)
+            try:
+                nodes = await loop.run_in_executor(self.pool, lambda: self.view.nodes(fresh=True))
+                self.pass_once(nodes)
+            except Exception:  # noqa: BLE001 - a dead loop would leave every queued call hanging
+                # (a GCS hiccup, a placement bug): log it and try again on the next poll.
+                self.stats["pass_errors"] = self.stats.get("pass_errors", 0) + 1
+                log.exception("rayaccel dispatcher: scheduling pass failed; retrying in %.2f s", self.poll_s)
             if not any(self.queue.values()):
                 break
             try:
@@ -278,20 +286,20 @@ class DispatcherCore:
 
     def _submit(self, item: _Item, alloc: Any, node: Any) -> None:
         from . import context
-        from .tasks import pin
+        from .tasks import pin, submitter
 
-        spec, opts, res = pin(item.request, alloc, node, item.name, item.ray_opts, task=True)
-        opts.setdefault("name", item.name)
-        key = (id(item.fn), opts["scheduling_strategy"].node_id, tuple(sorted(opts["resources"].items())),
-               tuple(sorted((k, repr(v)) for k, v in item.ray_opts.items())))
-        sub = self.submitters.get(key)
-        if sub is None:
-            if len(self.submitters) > 512:
-                self.submitters.clear()
-            sub = self.submitters[key] = item.fn.options(**opts)
         try:
+            spec, opts, res = pin(item.request, alloc, node, item.name, item.ray_opts, task=True)
+            opts.setdefault("name", item.name)
+            key = (id(item.fn), opts["scheduling_strategy"].node_id, tuple(sorted(opts["resources"].items())),
+                   tuple(sorted((k, repr(v)) for k, v in item.ray_opts.items())))
+            sub = self.submitters.get(key)
+            if sub is None:
+                if len(self.submitters) > 512:
+                    self.submitters.clear()
+                sub = self.submitters[key] = submitter(item.fn, opts)
             ref = sub.remote(spec, *item.args, **item.kwargs)
-        except Exception as e:  # noqa: BLE001 - handed to the caller's ref
+        except Exception as e:  # noqa: BLE001 - handed to the caller's ref (the item left the queue)
             item.future.set_exception(e)
             return
         cid = self.claims.add(node.node_id, res, None, context.effective(node, res, None))
@@ -348,11 +356,13 @@ def handle() -> Any:
         return h
 
 
-def _done(result: Any) -> None:
+def _done(result: Any, gen: int | None = None) -> None:
     global _HANDLE, _OUTSTANDING
     import ray
 
     with _COUNT_LOCK:
+        if gen is not None and gen != _GEN:
+            return  # a call from before reset(): _OUTSTANDING was zeroed then
         _OUTSTANDING -= 1
     if isinstance(result, ray.exceptions.RayActorError):
         _HANDLE = None
@@ -365,9 +375,11 @@ def queued_here() -> bool:
 
 def reset() -> None:
     """Forget the cached handle and function refs (after ``ray.shutdown()``)."""
-    global _HANDLE, _OUTSTANDING, _HINTED_UPTO
+    global _HANDLE, _OUTSTANDING, _HINTED_UPTO, _GEN
     _HANDLE = None
-    _OUTSTANDING = 0
+    with _COUNT_LOCK:
+        _GEN += 1
+        _OUTSTANDING = 0
     _HINTED_UPTO = 0
     _FN_REFS.clear()
 
@@ -406,7 +418,8 @@ def submit(ray_fn: Any, request: Any, name: str, ray_opts: dict, args: tuple, kw
         global _OUTSTANDING
         with _COUNT_LOCK:
             _OUTSTANDING += 1
-        first._on_completed(_done)
+            gen = _GEN
+        first._on_completed(lambda result, gen=gen: _done(result, gen))
     return ref
 
 

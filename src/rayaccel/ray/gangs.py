@@ -20,7 +20,7 @@ import logging
 import socket
 from typing import Any, Callable
 
-from ..errors import ClusterError, Unsatisfiable
+from ..errors import ClusterError, RequestError, Unsatisfiable
 
 log = logging.getLogger(__name__)
 _WORKER_CLS: Any = None
@@ -101,6 +101,18 @@ class Gang:
         from .view import node_state
         from .worker import Spec
 
+        from .tasks import REQUEST_FIELDS
+
+        unknown = sorted(set(fields) - set(REQUEST_FIELDS) - {"gpus"})
+        if unknown or "gpus" in fields:
+            bad = unknown[0] if unknown else "gpus"
+            raise RequestError("not an option of rayaccel.gang()", bad,
+                               "workers, gpus_per_worker, strategy, interconnect, backend, timeout_s, name, "
+                               + ", ".join(f for f in REQUEST_FIELDS if f not in ("gpus", "interconnect")))
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise RequestError(f"expected a number of seconds > 0, got {timeout_s!r}", "timeout_s")
+        if backend not in (None, "nccl", "gloo"):
+            raise RequestError(f"unknown torch.distributed backend {backend!r}", "backend", "None (auto), nccl, gloo")
         context.ensure_connected()
         nodes = context.view().nodes(fresh=True)
         if not nodes:
@@ -130,21 +142,26 @@ class Gang:
                               name=f"{name}[rank {i}]"))
         one_node = len({n.node_id for n in self.nodes}) == 1
         self.placement_group = placement_group(self.bundles, strategy="STRICT_PACK" if one_node else "PACK")
-        ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
-        if not ready:
+        self.workers = []
+        try:
+            ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
+            if not ready:
+                raise ClusterError(f"gang {name!r}: the placement group was not granted within {timeout_s:.0f} s "
+                                   f"(devices still held by other work)")
+            for n, b in zip(self.nodes, self.bundles):
+                context.claims().add(n.node_id, b, None, context.effective(n, b, recent.get(n.node_id)))
+            self.backend = backend or ("gloo" if any(n.record.simulated for n in self.nodes) else "nccl")
+            cls = _worker_cls()
+            for i, (b, spec) in enumerate(zip(self.bundles, specs)):
+                strategy_i = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i)
+                self.workers.append(cls.options(num_cpus=0, resources=b, name=None,
+                                                scheduling_strategy=strategy_i).remote(spec, i))
+        except BaseException:
+            # never leave the reservation (or half the workers) behind: nobody holds this Gang
+            for w in self.workers:
+                ray.kill(w)
             remove_placement_group(self.placement_group)
-            raise ClusterError(f"gang {name!r}: the placement group was not granted within {timeout_s:.0f} s "
-                               f"(devices still held by other work)")
-        for n, b in zip(self.nodes, self.bundles):
-            context.claims().add(n.node_id, b, None, context.effective(n, b, recent.get(n.node_id)))
-        self.backend = backend or ("gloo" if any(n.record.simulated for n in self.nodes) else "nccl")
-        cls = _worker_cls()
-        self.workers = [
-            cls.options(num_cpus=0, resources=b, name=None,
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i))
-            .remote(spec, i)
-            for i, (b, spec) in enumerate(zip(self.bundles, specs))
-        ]
+            raise
         self._dist_ready = False
         self._closed = False
 
@@ -176,7 +193,13 @@ class Gang:
         return ray.get([w.run.remote(fn, args, kwargs) for w in self.workers])
 
     def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
-        """Like :meth:`run` but returns the ObjectRefs without waiting."""
+        """Like :meth:`run` but returns the ObjectRefs without waiting.
+
+        Raises:
+            ClusterError: the gang was shut down.
+        """
+        if self._closed:
+            raise ClusterError(f"gang {self.name!r} was shut down")
         if not self._dist_ready:
             self._init_dist()
         return [w.run.remote(fn, args, kwargs) for w in self.workers]

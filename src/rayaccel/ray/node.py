@@ -77,13 +77,18 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
 
     if ray.is_initialized():
         raise ClusterError("Ray is already initialised in this process; call rayaccel.shutdown() first")
+    context.reset()  # Ray is down: whatever is cached (e.g. after a plain ray.shutdown()) is stale
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address is not None and not isinstance(address, str):
+        raise ClusterError(f"address= must be a string such as 'auto' or 'host:port', got {type(address).__name__}")
+    if not (address or "").startswith("ray://"):  # Ray Client takes its own extra keywords
+        _check_init_kwargs(ray_init_kwargs)
     if address is not None:
         if topology is not None:
             raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
                                "existing cluster publish their own topology via `rayaccel start`")
         ctx = ray.init(address=address, **ray_init_kwargs)
-        context.ensure_connected()
+        _connected_or_shutdown(context.ensure_connected)
         return ctx
     for k in ("num_gpus", "resources", "labels"):
         if k in ray_init_kwargs:
@@ -93,9 +98,46 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     ray_init_kwargs.setdefault("include_dashboard", False)
     ctx = ray.init(num_gpus=0, resources=node_resources(topo, key),
                    labels=node_labels(topo, key, simulated=simulated), **ray_init_kwargs)
-    kv.publish(NodeRecord(key, topo, simulated))
-    context.ensure_connected()
+
+    def finish() -> None:
+        kv.publish(NodeRecord(key, topo, simulated))
+        context.ensure_connected()
+
+    _connected_or_shutdown(finish)
     return ctx
+
+
+def _check_init_kwargs(kwargs: dict) -> None:
+    """Reject a keyword ``ray.init`` does not take, naming it (Ray raises a bare RuntimeError/TypeError).
+
+    Raises:
+        ClusterError: an unknown keyword.
+    """
+    import inspect
+
+    import ray
+
+    params = inspect.signature(ray.init).parameters
+    known = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    known |= {"object_spilling_directory", "allow_multiple", "storage"}  # taken through **kwargs
+    for k in kwargs:
+        if k not in known and not k.startswith("_"):  # ray.init takes private _options through **kwargs
+            raise ClusterError(f"init(): unknown keyword {k!r} (not a ray.init option; known: "
+                               f"{', '.join(sorted(n for n in known if not n.startswith('_')))})")
+
+
+def _connected_or_shutdown(step: Any) -> None:
+    """Run ``step`` after ``ray.init``; on failure shut Ray down again so a retry can start clean."""
+    import ray
+
+    from . import context
+
+    try:
+        step()
+    except BaseException:
+        ray.shutdown()
+        context.reset()
+        raise
 
 
 def shutdown() -> None:

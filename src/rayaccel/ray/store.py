@@ -33,6 +33,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -150,8 +151,20 @@ def store() -> Store:
         s.export_hook = _export_hook
         s.remote_fetch = _remote_fetch
         _store = s
-        atexit.register(s.close)
+        # weakly: a closed store must not be kept alive by atexit; bounded wait: a thread
+        # stuck inside the store (e.g. in a Ray call) must not hang the worker's exit
+        atexit.register(_close_at_exit, weakref.ref(s))
         return s
+
+
+#: How long the exit hook waits for another thread's store operation, seconds.
+EXIT_CLOSE_TIMEOUT_S = 5.0
+
+
+def _close_at_exit(ref: "weakref.ref[Store]") -> None:
+    s = ref()
+    if s is not None:
+        s.close(timeout_s=EXIT_CLOSE_TIMEOUT_S)
 
 
 def close_store() -> None:

@@ -65,7 +65,37 @@ def build_request(fields: dict) -> Any:
     return Request(gpus=gpus, **f)
 
 
-def _split(options: dict) -> tuple[dict, dict]:
+def _validate_ray_options(ray_opts: dict, kind: str) -> None:
+    """Check Ray's options now (Ray itself would only complain at the first ``.remote()``).
+
+    Raises:
+        RequestError: an option Ray does not know for ``kind`` or a bad value (names the option).
+    """
+    try:
+        from ray._common import ray_option_utils as rou
+    except ImportError:  # older Ray layout
+        try:
+            from ray._private import ray_option_utils as rou  # type: ignore[no-redef]
+        except ImportError:  # no validator in this Ray: Ray checks at submit instead
+            return
+    known = rou.task_options if kind == "task" else rou.actor_options
+    validate = rou.validate_task_options if kind == "task" else rou.validate_actor_options
+    for k, v in ray_opts.items():
+        if k not in known:
+            raise RequestError(f"unknown option {k!r} for a rayaccel {kind}", k,
+                               "rayaccel's " + ", ".join(REQUEST_FIELDS) + " or a Ray option ("
+                               + ", ".join(sorted(o for o in known if not o.startswith("_"))) + ")")
+        try:
+            validate({k: v}, in_options=False)
+        except (ValueError, TypeError) as e:
+            raise RequestError(f"bad value {v!r}: {e}", k) from None
+    try:
+        validate(dict(ray_opts), in_options=False)
+    except (ValueError, TypeError) as e:
+        raise RequestError(str(e), "options") from None
+
+
+def _split(options: dict, kind: str = "task") -> tuple[dict, dict]:
     req = {k: options[k] for k in REQUEST_FIELDS if k in options}
     ray_opts = {k: v for k, v in options.items() if k not in REQUEST_FIELDS}
     for k, why in _FORBIDDEN.items():
@@ -73,10 +103,40 @@ def _split(options: dict) -> tuple[dict, dict]:
             raise RequestError(f"not supported on rayaccel work: {why}", k)
     ray_opts.pop("num_gpus", None)
     res = ray_opts.get("resources") or {}
-    bad = [r for r in res if r.startswith(("accel_", "rayaccel_node_"))]
+    if not isinstance(res, dict):
+        raise RequestError(f"expected a dict of custom resources, got {type(res).__name__}", "resources")
+    bad = [r for r in res if isinstance(r, str) and r.startswith(("accel_", "rayaccel_node_"))]
     if bad:
         raise RequestError(f"resource {bad[0]!r} is managed by rayaccel", "resources", "your own custom resources")
+    _validate_ray_options(ray_opts, kind)
     return req, ray_opts
+
+
+#: ``ray.remote(max_calls=n)`` variants of base functions: (id(fn), n) -> (fn, variant).
+_VARIANTS: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def submitter(ray_fn: Any, opts: dict) -> Any:
+    """``ray_fn.options(**opts)``; a ``max_calls`` in ``opts`` goes to a ``ray.remote(max_calls=n)`` variant.
+
+    Ray accepts ``max_calls`` only in ``ray.remote(...)``, never in ``.options()``
+    (it raises ValueError there), yet :func:`pin` sets it for tasks on real hardware
+    and users may pass it. Shared by the direct path and the dispatcher.
+    """
+    opts = dict(opts)
+    n = opts.pop("max_calls", None)
+    fn = ray_fn
+    if n is not None:
+        key = (id(ray_fn), n)
+        hit = _VARIANTS.get(key)
+        if hit is None or hit[0] is not ray_fn:
+            import ray
+
+            if len(_VARIANTS) > 256:
+                _VARIANTS.clear()
+            hit = _VARIANTS[key] = (ray_fn, ray.remote(max_calls=n)(ray_fn._function))
+        fn = hit[1]
+    return fn.options(**opts)
 
 
 def pin(request: Any, alloc: Any, node: Any, name: str, ray_opts: dict, *, task: bool,
@@ -158,7 +218,7 @@ class RemoteFunction:
         if hit is None:
             if len(cache) > 512:
                 cache.clear()
-            hit = cache[key] = self._base().options(**opts)
+            hit = cache[key] = submitter(self._base(), opts)
         return hit
 
     def options(self, **options: Any) -> "RemoteFunction":
@@ -213,7 +273,7 @@ class RemoteClass:
 
     def __init__(self, cls: type, options: dict, _ray_cls: Any = None):
         self._cls = cls
-        self._req_fields, self._ray_opts = _split(options)
+        self._req_fields, self._ray_opts = _split(options, "actor")
         self._request = build_request(self._req_fields)
         self._ray_cls = _ray_cls
 

@@ -59,6 +59,10 @@ class Claims:
         self._untracked: "deque[int]" = deque()
         self._tracked = 0
         self._seq = 0
+        # Largest age_s ever given: entries are in insertion order, but a back-dated one
+        # (forwarded by another process) may be older than entries inserted before it, so
+        # readers may stop only at an entry older than grace_s + this.
+        self._max_age = 0.0
 
     def add(self, node_id: str, resources: Mapping[str, float], ref: Any = None,
             before: Mapping[str, float] | None = None, age_s: float = 0.0) -> int:
@@ -71,8 +75,10 @@ class Claims:
         long ago the work was submitted (claims forwarded from another process).
         """
         with self._lock:
+            self._expire(time.monotonic())  # untracked claims nobody reads depth() of must not pile up
             self._seq += 1
             cid = self._seq
+            self._max_age = max(self._max_age, age_s)
             self._entries[cid] = (node_id, dict(resources), time.monotonic() - age_s, ref is not None,
                                   dict(before or {}), ref)
             acc = self._depth.setdefault(node_id, {})
@@ -126,7 +132,9 @@ class Claims:
         with self._lock:
             for node, res, t, _, before, _ref in reversed(self._entries.values()):
                 if now - t > self.grace_s:
-                    break
+                    if now - t > self.grace_s + self._max_age:
+                        break  # every entry inserted before this one is older still
+                    continue
                 avail = (available or {}).get(node)
                 acc = out.setdefault(node, {})
                 for k, v in res.items():
@@ -142,7 +150,9 @@ class Claims:
         with self._lock:
             for cid, (node, res, t, _, before, ref) in reversed(self._entries.items()):
                 if now - t > self.grace_s:
-                    break
+                    if now - t > self.grace_s + self._max_age:
+                        break  # every entry inserted before this one is older still
+                    continue
                 out.append((cid, node, res, before, now - t, ref))
         return out
 
@@ -168,6 +178,7 @@ class Claims:
             self._depth.clear()
             self._untracked.clear()
             self._tracked = 0
+            self._max_age = 0.0
 
 
 class ClusterView:
