@@ -61,14 +61,43 @@ def test_four_gpus_nvlink_is_one_nvlink_quad(cluster):
     assert all(topo.link(a, b) is not None and topo.link(a, b).direct for a in idx for b in idx if a < b)
 
 
+class _Barrier:
+    def __init__(self):
+        self.n = 0
+
+    def arrive(self):
+        self.n += 1
+
+    def count(self):
+        return self.n
+
+
+def _probe_together(barrier, parties):
+    """Hold the devices until ``parties`` tasks hold theirs (so they really run at the same time)."""
+    import time
+
+    import ray
+
+    ray.get(barrier.arrive.remote())
+    deadline = time.monotonic() + 60
+    while ray.get(barrier.count.remote()) < parties:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other tasks never started: some waited for a device")
+        time.sleep(0.05)
+    return _probe()
+
+
 def test_concurrent_two_gpu_tasks_never_share_a_device(cluster):
     import ray
 
-    refs = [probe.options(gpus=2, model="SXM2").remote() for _ in range(4)]
-    outs = ray.get(refs)
-    # four pairs on one 8-GPU node, submitted at once: all distinct devices
+    barrier = ray.remote(num_cpus=0)(_Barrier).remote()
+    together = rr.remote(num_cpus=0)(_probe_together)
+    refs = [together.options(gpus=2, model="SXM2").remote(barrier, 4) for _ in range(4)]
+    outs = ray.get(refs, timeout=90)
+    # four pairs on one 8-GPU node, all held at once: all distinct devices
     held = [i for o in outs for i in o["indices"]]
     assert len(held) == len(set(held)) == 8
+    ray.kill(barrier)
 
 
 def test_mig_instance_is_visible_by_uuid(cluster):
