@@ -7,7 +7,7 @@ import os
 import pytest
 
 import rayaccel.ray as rr
-from rayaccel.errors import Unsatisfiable
+from rayaccel.errors import ClusterError, Unsatisfiable
 from raytest_helpers import free_devices, node_named, wait_for
 
 
@@ -80,3 +80,13 @@ def test_status_names_the_holders(cluster):
         assert data["a100-mig"]["free"] == 1 and data["dgx1-v100"]["free"] == 6
     finally:
         ray.kill(a)
+
+
+def test_gang_run_without_torch_is_a_clear_error(cluster, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    with rr.gang(workers=1, gpus_per_worker=1, name="no-torch") as g:
+        with pytest.raises(ClusterError, match="PyTorch is not installed"):
+            g.run(sum, [1])

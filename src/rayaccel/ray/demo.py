@@ -22,6 +22,7 @@ all-reduce bandwidth (:func:`rayaccel.placement.allreduce_bandwidth_gbps`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -40,6 +41,11 @@ def _allreduce(n: int) -> tuple:
     t = torch.full((n,), float(dist.get_rank() + 1))
     dist.all_reduce(t)
     return dist.get_rank(), float(t[0]), _where()
+
+
+def _where_only() -> tuple:
+    """Without PyTorch: report the rank's devices, no collective."""
+    return None, None, _where()
 
 
 def _where() -> tuple:
@@ -89,10 +95,15 @@ class _Live:
         if job.kind == "gang":
             g = gangs.gang(workers=job.workers, gpus_per_worker=req.gpus, strategy=job.strategy, name=job.name)
             self.handles[job.name] = g
-            res = g.run(_allreduce, 1 << 16)
-            want = float(sum(range(1, job.workers + 1)))
-            ok = all(abs(r[1] - want) < 1e-6 for r in res)
-            self.notes[job.name] = f"all-reduce {'ok' if ok else 'WRONG'} ({g.backend}, {job.workers} ranks)"
+            if importlib.util.find_spec("torch") is not None:
+                res = g.run(_allreduce, 1 << 16)
+                want = float(sum(range(1, job.workers + 1)))
+                ok = all(abs(r[1] - want) < 1e-6 for r in res)
+                self.notes[job.name] = f"all-reduce {'ok' if ok else 'WRONG'} ({g.backend}, {job.workers} ranks)"
+            else:
+                res = ray.get([w.run.remote(_where_only, (), {}) for w in g.workers], timeout=60)
+                self.notes[job.name] = (f"{job.workers} ranks reserved; no all-reduce: PyTorch not installed "
+                                        "(pip install 'rayaccel[torch]')")
             placed = [self._placed(r[2], False) for r in res]
         elif job.kind == "actor":
             h = tasks.remote(num_cpus=0, name=job.name, **fields)(_Holder).remote()

@@ -171,7 +171,14 @@ class Gang:
         return len(self.workers)
 
     def _init_dist(self) -> None:
+        import importlib.util
+
         import ray
+
+        if importlib.util.find_spec("torch") is None:
+            raise ClusterError(f"gang {self.name!r}: run() initialises torch.distributed, but PyTorch is not "
+                               "installed here; pip install 'rayaccel[torch]' (or any torch), or call a worker "
+                               "directly through gang.workers[i].run.remote(fn, args, kwargs)")
 
         addr, port = ray.get(self.workers[0].rendezvous.remote(), timeout=self.timeout_s)
         ray.get([w.init_dist.remote(self.world_size, addr, port, self.backend, self.timeout_s)
@@ -182,7 +189,7 @@ class Gang:
         """Run ``fn(*args, **kwargs)`` on every worker with torch.distributed initialised; results in rank order.
 
         Raises:
-            ClusterError: the gang was shut down.
+            ClusterError: the gang was shut down, or PyTorch is not installed.
         """
         import ray
 
