@@ -19,17 +19,8 @@ EXPECTED = {
     "l40s-4x-pcie", "mi300x-8x", "nvl72", "pcie-8gpu-2socket", "trn1-32xlarge",
 }
 
-# research note §5: real `nvidia-smi topo -m` of a DGX-1 V100 (OneFlow DLPerf), GPU part
-DGX1_NOTE = """\
-G0    X  NV1 NV1 NV2 NV2 SYS SYS SYS
-G1  NV1   X  NV2 NV1 SYS NV2 SYS SYS
-G2  NV1 NV2   X  NV2 SYS SYS NV1 SYS
-G3  NV2 NV1 NV2   X  SYS SYS SYS NV1
-G4  NV2 SYS SYS SYS   X  NV1 NV1 NV2
-G5  SYS NV2 SYS SYS NV1   X  NV2 NV1
-G6  SYS SYS NV1 SYS NV1 NV2   X  NV2
-G7  SYS SYS SYS NV1 NV2 NV1 NV2   X
-"""
+# research note §5: real `nvidia-smi topo -m` of a DGX-1 V100 (OneFlow DLPerf), GPU part; one copy for all tests
+from test_placement_machines import DGX1V_MATRIX as DGX1_NOTE  # noqa: E402
 
 
 def test_catalog_has_every_machine_of_the_issue():
@@ -67,7 +58,7 @@ def test_catalog_files_are_what_the_generator_writes():
 
 def test_dgx1_matches_the_research_note_matrix_exactly():
     topo = catalog.load("dgx1-v100")
-    for a, line in enumerate(DGX1_NOTE.splitlines()):
+    for a, line in enumerate(DGX1_NOTE.strip().splitlines()):
         for b, want in enumerate(line.split()[1:]):
             if a != b:
                 assert topo.link(a, b).label == want, (a, b)

@@ -36,3 +36,32 @@ def wait_idle(cluster, timeout_s=30.0):
         return True
 
     wait_for(idle, timeout_s, "every device free")
+
+
+def submit_concurrently(threads, per_thread, submit):
+    """Call ``submit(t, i)`` from ``threads`` threads ``per_thread`` times each; the refs, in no order.
+
+    An exception in any submitter fails the caller's test (re-raised here).
+    """
+    import threading
+
+    refs, errors = [], []
+    lock = threading.Lock()
+
+    def run(t):
+        try:
+            for i in range(per_thread):
+                r = submit(t, i)
+                with lock:
+                    refs.append(r)
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for th in workers:
+        th.start()
+    for th in workers:
+        th.join()
+    if errors:
+        raise errors[0]
+    return refs

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
 
 import rayaccel.ray as rr
-from raytest_helpers import free_devices, node_named, wait_for
+from raytest_helpers import free_devices, node_named, submit_concurrently, wait_for
 
 
 def _ledger_cls():
@@ -61,25 +60,7 @@ def test_concurrent_submitters_never_share_a_device(cluster):
     ledger = _ledger_cls().remote()
     one = rr.remote(gpus=1, num_cpus=0)(_hold)
     two = rr.remote(gpus=2, num_cpus=0)(_hold)
-    refs, errors = [], []
-    lock = threading.Lock()
-
-    def submitter(t):
-        try:
-            for i in range(25):
-                fn = two if i % 3 == 0 else one
-                r = fn.remote(ledger, f"t{t}-{i}")
-                with lock:
-                    refs.append(r)
-        except Exception as e:  # noqa: BLE001 - surfaced by the assertion below
-            errors.append(e)
-
-    threads = [threading.Thread(target=submitter, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
+    refs = submit_concurrently(4, 25, lambda t, i: (two if i % 3 == 0 else one).remote(ledger, f"t{t}-{i}"))
     results = ray.get(refs, timeout=180)
     done, violations = ray.get(ledger.report.remote())
     assert done == 100 and len(results) == 100

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import pytest
 
 import rayaccel.ray as rr
-from raytest_helpers import free_devices, node_named, wait_for
+from raytest_helpers import free_devices, node_named, submit_concurrently, wait_for
 
 V100 = "SXM2"  # the DGX-1 node of the session cluster
 
@@ -185,27 +184,13 @@ def test_concurrent_submitters_never_wait_while_a_device_is_free(cluster):
     ledger = _ledger_cls().remote()
     fn = rr.remote(gpus=1, model=model, num_cpus=0)(_work)
     before = dispatch.stats()
-    refs, errors = [], []
-    lock = threading.Lock()
+    def submit(t, i):
+        # mostly short tasks, some long ones: a task pinned behind a long one
+        # would wait seconds while other devices sit idle
+        seconds = 2.5 if (t * 31 + i) % 23 == 0 else 0.02
+        return fn.remote(ledger, f"t{t}-{i}", time.time(), seconds)
 
-    def submitter(t):
-        try:
-            for i in range(30):
-                # mostly short tasks, some long ones: a task pinned behind a long one
-                # would wait seconds while other devices sit idle
-                seconds = 2.5 if (t * 31 + i) % 23 == 0 else 0.02
-                r = fn.remote(ledger, f"t{t}-{i}", time.time(), seconds)
-                with lock:
-                    refs.append(r)
-        except Exception as e:  # noqa: BLE001 - surfaced by the assertion below
-            errors.append(e)
-
-    threads = [threading.Thread(target=submitter, args=(t,)) for t in range(6)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
+    refs = submit_concurrently(6, 30, submit)
     ray.get(refs, timeout=120)
     events, violations = ray.get(ledger.report.remote())
     ray.kill(ledger)
