@@ -9,13 +9,19 @@ def node_named(cluster, name):
     return next(n for n in cluster.nodes if n.topology.name == name)
 
 
-def free_devices(node_id):
-    """Device indices Ray shows free on ``node_id`` (fresh read)."""
+def ray_free(node_id):
+    """(free GPU slots, {MIG resource: free}) Ray shows on ``node_id``, and the totals."""
     from ray._private import state
 
     avail = state.available_resources_per_node().get(node_id, {})
-    return {int(k.split("_")[1]) for k, v in avail.items()
-            if k.startswith("accel_") and k.count("_") == 1 and v >= 1}
+    total = state.total_resources_per_node().get(node_id, {})
+    return avail, total
+
+
+def idle(node_id) -> bool:
+    avail, total = ray_free(node_id)
+    keys = [k for k in total if k == "GPU" or k.startswith("mig_")]
+    return all(abs(avail.get(k, 0.0) - total[k]) < 1e-6 for k in keys)
 
 
 def wait_for(pred, timeout_s=20.0, what="condition"):
@@ -29,13 +35,19 @@ def wait_for(pred, timeout_s=20.0, what="condition"):
 
 
 def wait_idle(cluster, timeout_s=30.0):
-    def idle():
-        for n in cluster.nodes:
-            if free_devices(n.node_id) != set(n.topology.indices):
-                return False
-        return True
+    wait_for(lambda: all(idle(n.node_id) for n in cluster.nodes), timeout_s, "every GPU and MIG slot free")
 
-    wait_for(idle, timeout_s, "every device free")
+
+def link(topo, devices):
+    """Label of the weakest link among ``devices`` (e.g. ``"NV2"``)."""
+    devs = sorted(devices)
+    worst = None
+    for i, a in enumerate(devs):
+        for b in devs[i + 1:]:
+            l = topo.link(a, b)
+            if worst is None or (l is not None and l.rank < worst.rank) or l is None:
+                worst = l
+    return worst.label if worst is not None else None
 
 
 def submit_concurrently(threads, per_thread, submit):
@@ -65,3 +77,20 @@ def submit_concurrently(threads, per_thread, submit):
     if errors:
         raise errors[0]
     return refs
+
+
+def overlaps(records):
+    """Pairs of records (node, device, start, end, who) holding one device at overlapping times."""
+    by_dev = {}
+    for r in records:
+        by_dev.setdefault((r[0], r[1]), []).append(r)
+    bad = []
+    for key, rs in by_dev.items():
+        rs.sort(key=lambda r: r[2])
+        longest = None  # the record ending last among those started so far
+        for r in rs:
+            if longest is not None and r[2] < longest[3]:
+                bad.append((longest, r))
+            if longest is None or r[3] > longest[3]:
+                longest = r
+    return bad

@@ -12,41 +12,73 @@ from ._common import console, fail, na, print_json
 
 def _start(ctx: typer.Context,
            topology: Optional[str] = typer.Option(None, "--topology", help="Simulate this catalog name or topology file instead of discovering."),
-           no_publish: bool = typer.Option(False, "--no-publish", help="Do not write the topology into the GCS KV (debugging).")) -> None:
+           no_publish: bool = typer.Option(False, "--no-publish", help="Do not publish the topology or start the node agent (debugging).")) -> None:
     """Start a Ray node whose devices rayaccel manages (other flags go to `ray start`).
 
     Example: rayaccel start --head --topology dgx1-v100
     """
-    from ..ray.node import start_node
+    from rich.markup import escape
 
-    record, output = start_node(list(ctx.args), topology, publish=not no_publish)
-    t = record.topology
-    console.print(output.rstrip())
-    console.print(f"[bold]rayaccel:[/] node key {record.node_key}: {len(t.devices)} device(s) "
-                  f"({t.name or t.hostname or 'discovered'}{', simulated' if record.simulated else ''}), "
-                  f"{len(t.partitions())} MIG instance(s); topology published"
-                  f"{'' if not no_publish else ' [not published]'}. Ray num_gpus=0 on this node.")
+    from ..ray.arbiter import gpu_pool
+    from ..ray.lifecycle import start_node
+
+    res = start_node(list(ctx.args), topology, publish=not no_publish)
+    rec = res.record
+    t = rec.topology
+    what = t.name or t.hostname or "discovered"
+    console.print(f"rayaccel: started a {'head' if res.head else 'worker'} node (key {rec.node_key}, "
+                  f"{res.processes} Ray processes)")
+    console.print(f"  devices: {len(t.devices)} ({escape(what)}{', simulated' if rec.simulated else ''}); "
+                  f"Ray GPU={len(gpu_pool(t))}, MIG instances={len(t.partitions())}")
+    console.print("  topology: " + ("published, node agent running" if res.published else "NOT published (--no-publish)"))
+    if res.head:
+        console.print(f"  add a node:   rayaccel start --address={res.address}")
+    console.print(f"  connect:      ray.init(address=\"{res.address}\")   (plain Ray code works unchanged)")
+    console.print(f"  stop it:      rayaccel stop --node {rec.node_key}")
 
 
-def _stop(force: bool = typer.Option(False, "--force", help="Pass --force to `ray stop`.")) -> None:
-    """Stop the Ray processes on this machine (`ray stop`)."""
-    from ..ray.node import stop_node
+def _stop(node: Optional[str] = typer.Option(None, "--node", help="Key of the node to stop (see `rayaccel stop` with several)."),
+          address: Optional[str] = typer.Option(None, "--address", help="Stop the local node that joined this cluster address."),
+          all_nodes: bool = typer.Option(False, "--all", help="Stop every node of the cluster (run on the head)."),
+          force: bool = typer.Option(False, "--force", help="SIGKILL at once instead of SIGTERM and a grace period.")) -> None:
+    """Stop the Ray processes `rayaccel start` started on this machine -- never other clusters."""
+    from ..ray import lifecycle
 
-    console.print(stop_node(force).rstrip())
+    if all_nodes:
+        from ..ray.ops import stop_cluster
+
+        for line in stop_cluster(address or _only_local_address(), force=force):
+            console.print(line)
+        return
+    for n in lifecycle.pick(node, address):
+        count = lifecycle.stop_local(n, force=force)
+        console.print(f"rayaccel: stopped node {n.node_key} ({'head' if n.head else 'worker'} at {n.address}): "
+                      f"{count} recorded Ray process(es)")
+
+
+def _only_local_address() -> str:
+    from ..ray import lifecycle
+
+    heads = [n for n in lifecycle.local_nodes() if n.head]
+    if len(heads) != 1:
+        fail("--all needs the cluster: run it on the head node, or give --address HOST:PORT "
+             f"({len(heads)} rayaccel head nodes run here)")
+    return heads[0].address
+
+
+def connect(address: str) -> None:
+    """Connect this CLI process to the cluster at ``address`` (bounded; one clear error line on failure)."""
+    from ..ray.ops import connect as _connect
+
+    _connect(address)
 
 
 def _status(address: str = typer.Option("auto", "--address", help="Ray address to connect to."),
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Every node's devices: busy or free, and which task or actor holds them."""
-    import ray
-
+    """Every node's devices: free, held (by which task or actor), shared, MIG, drained."""
     from ..ray import node, status
 
-    try:
-        node.init(address=address, logging_level="ERROR", log_to_driver=False)
-    except (ConnectionError, ValueError) as e:
-        fail(f"cannot connect to Ray at {address!r}: {e} (expected 'auto' or HOST:PORT of a node started with "
-             "`rayaccel start --head`)")
+    connect(address)
     try:
         data = status.cluster_status()
     finally:
@@ -54,26 +86,10 @@ def _status(address: str = typer.Option("auto", "--address", help="Ray address t
     if as_json:
         print_json(data)
         return
-    if not data:
-        console.print("no rayaccel-managed nodes (start them with `rayaccel start`)")
-        return
-    from rich.table import Table
+    from .views import status_tables
 
-    from ..units import format_bytes
-
-    for n in data:
-        table = Table(title=f"{n['name'] or n['node_key']} (node {n['node_id'][:12]}"
-                            f"{', simulated' if n['simulated'] else ''}): {n['free']}/{len(n['devices'])} free",
-                      title_justify="left")
-        for col in ("dev", "model", "memory", "state", "used", "held by"):
-            table.add_column(col)
-        for d in n["devices"]:
-            style = {"free": "green", "busy": "red", "shared": "yellow", "mig": "magenta"}[d["state"]]
-            table.add_row(str(d["index"]), na(d["model"]), format_bytes(d["memory_bytes"]),
-                          f"[{style}]{d['state']}[/]", format_bytes(d["memory_used_bytes"]) if d["memory_used_bytes"] else "-",
-                          ", ".join(d["holders"] + d["mig_held"]) or ("-" if d["state"] == "free" else "(unnamed)"))
-        console.print(table)
-    del ray
+    for item in status_tables(data):
+        console.print(item)
 
 
 def _demo(out: Path = typer.Option(Path("rayaccel-demo"), "--out", help="Directory for placement.png and demo.json."),

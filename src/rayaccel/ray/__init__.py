@@ -1,13 +1,14 @@
 """rayaccel's Ray layer: the only package that imports ``ray`` (lazily, on first use).
 
 * :func:`init` / :func:`shutdown` -- embedded local cluster or connect (:mod:`.node`)
-* :func:`remote` -- accelerator-aware tasks and actors (:mod:`.tasks`)
+* :func:`remote` -- tasks and actors with what ``num_gpus`` cannot say (:mod:`.tasks`)
 * :func:`gang` -- co-scheduled workers with torch.distributed (:mod:`.gangs`)
-* :func:`get_devices` -- inside a worker: the assigned devices (:mod:`.worker`)
+* :func:`get_devices` -- inside any GPU worker of a rayaccel node (:mod:`.worker`)
 * :class:`SimulatedCluster` -- multi-node clusters of simulated nodes (:mod:`.cluster`)
-* :mod:`.resources` -- resource/label naming; :mod:`.kv` -- topology publication;
-  :mod:`.view` / :mod:`.context` -- the cluster view and submit path;
-  :mod:`.registry` -- who holds what; :mod:`.status` -- ``rayaccel status`` data.
+* :mod:`.hook` / :mod:`.arbiter` -- in every worker: which devices stand behind Ray's grant
+* :mod:`.claim` -- a request as Ray options; :mod:`.view` -- the cluster as drivers see it;
+  :mod:`.agent` -- one per node: snapshots, health, drains; :mod:`.status` -- ``rayaccel status``
+* :mod:`._ray_private` -- every use of Ray's private API
 
 Importing this package does not import ``ray``.
 """

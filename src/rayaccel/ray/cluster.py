@@ -1,13 +1,16 @@
 """``SimulatedCluster``: a multi-node Ray cluster on one machine, one topology per node.
 
-Built on ``ray.cluster_utils.Cluster``: every node is a real raylet advertising
-its topology's resources and labels (:mod:`rayaccel.ray.resources`); the driver
-this object connects publishes each node's record in the GCS KV. For tests, the
-demo and benchmarks::
+Built on ``ray.cluster_utils.Cluster``: every node is a real raylet started the way
+``rayaccel start`` starts one (:mod:`.node`): Ray's ``GPU`` resource for its GPU pool,
+MIG-profile resources, labels, and the worker hook with the node's own directory.
+For tests, the demo and benchmarks::
 
     with SimulatedCluster(["dgx1-v100", "hgx-h100"]) as c:
         ref = my_task.remote()
         c.remove_node(c.node_ids[1])
+
+``plain=`` adds nodes the way plain ``ray start --num-gpus=N`` would (no rayaccel):
+for side-by-side comparisons and for ``doctor``'s mixed-cluster checks.
 """
 
 from __future__ import annotations
@@ -16,42 +19,30 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ClusterError
 from ..topology import NodeTopology
-from .resources import NodeRecord, new_node_key, node_labels, node_resources
+from .arbiter import gpu_pool
+from .names import NodeRecord, node_labels, node_resources
+from .node import node_env, prepare, resolve_topology
 
 
 @dataclass
 class SimNode:
-    """One node of a :class:`SimulatedCluster`."""
+    """One node of a :class:`SimulatedCluster` (``node_key``/``directory`` are None for a plain node)."""
 
     node_id: str
-    node_key: str
+    node_key: str | None
     topology: NodeTopology
     handle: Any
+    directory: Path | None = None
 
-
-def resolve_topology(spec: NodeTopology | str) -> NodeTopology:
-    """A topology from a value, a catalog name, a topology JSON file or a capture file.
-
-    Raises:
-        CatalogError / TopologyError / CaptureError: the name or file cannot be read.
-    """
-    if isinstance(spec, NodeTopology):
-        return spec
-    if not isinstance(spec, (str, os.PathLike)):
-        raise ClusterError(f"expected a NodeTopology, catalog name or file, got {type(spec).__name__}")
-    try:
-        from ..discovery import load_topology
-    except ImportError:  # discovery.load not present: catalog names and JSON files still work
-        from .. import catalog
-
-        if os.path.exists(spec):
-            return NodeTopology.load(spec)
-        return catalog.load(str(spec))
-    return load_topology(spec)
+    @property
+    def managed(self) -> bool:
+        """True for a rayaccel node."""
+        return self.node_key is not None
 
 
 def ray_tmpdir() -> str:
@@ -70,11 +61,11 @@ class SimulatedCluster:
     Args:
         topologies: one per node (NodeTopology, catalog name or file); the first is the head.
         num_cpus: CPUs each node advertises (default 4).
-        connect: connect this process as the driver (and publish the records).
+        connect: connect this process as the driver (and publish the records, start the agents).
         object_store_memory: per node, bytes (default 100 MiB).
-        ray_gpus: also advertise Ray's own ``GPU`` resource (one per device). Only for
-            benchmarks that compare with plain ``num_gpus`` on the same cluster: a real
-            rayaccel node never does this (Ray could then hand a device out twice).
+        plain: positions in ``topologies`` to start as plain Ray nodes (``num_gpus`` only, no
+            rayaccel), e.g. to compare with Ray's own device choice on the same cluster.
+        env: extra environment variables for every node's raylet (and workers).
         ray_init_kwargs: passed to ``ray.init`` when connecting.
 
     Raises:
@@ -82,7 +73,8 @@ class SimulatedCluster:
     """
 
     def __init__(self, topologies: Sequence[NodeTopology | str], *, num_cpus: int = 4, connect: bool = True,
-                 object_store_memory: int = 100 << 20, ray_gpus: bool = False, **ray_init_kwargs: Any):
+                 object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
+                 **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -97,18 +89,19 @@ class SimulatedCluster:
         self.temp_dir = ray_tmpdir()
         self.num_cpus = num_cpus
         self.object_store_memory = object_store_memory
-        self.ray_gpus = ray_gpus
+        self.env = dict(env or {})
         self.nodes: list[SimNode] = []
         self._connected = False
+        self._cluster = None
+        plain = set(plain)
         try:
-            head = self._node_args(topos[0])
-            key = head.pop("_key")
-            head.update(temp_dir=self.temp_dir, include_dashboard=False)
-            self._cluster = Cluster(initialize_head=True, head_node_args=head)
+            args, key, d = self._node_args(topos[0], 0 in plain)
+            args.update(temp_dir=self.temp_dir, include_dashboard=False)
+            self._cluster = Cluster(initialize_head=True, head_node_args=args)
             hn = self._cluster.head_node
-            self.nodes.append(SimNode(node_id=hn.node_id, node_key=key, topology=topos[0], handle=hn))
-            for t in topos[1:]:
-                self._add(t)
+            self.nodes.append(SimNode(hn.node_id, key, topos[0], hn, d))
+            for i, t in enumerate(topos[1:], start=1):
+                self._add(t, i in plain)
             self._cluster.wait_for_nodes()
             if connect:
                 ray.init(address=self._cluster.address, **ray_init_kwargs)
@@ -120,25 +113,33 @@ class SimulatedCluster:
             raise
 
     # ----------------------------------------------------------------- nodes
-    def _node_args(self, topo: NodeTopology) -> dict:
-        key = new_node_key()
-        return {"num_cpus": self.num_cpus, "num_gpus": len(topo.devices) if self.ray_gpus else 0, "object_store_memory": self.object_store_memory,
-                "resources": node_resources(topo, key), "labels": node_labels(topo, key, simulated=True),
-                "_key": key}
+    def _node_args(self, topo: NodeTopology, plain: bool) -> tuple[dict, str | None, Path | None]:
+        base = {"num_cpus": self.num_cpus, "object_store_memory": self.object_store_memory}
+        if plain:
+            base.update(num_gpus=len(gpu_pool(topo)), env_vars=dict(self.env) or None)
+            return base, None, None
+        record, d = prepare(topo, simulated=True)
+        num_gpus, res = node_resources(topo, record.node_key)
+        env = {**self.env, **node_env(topo, record.node_key, d)}
+        base.update(num_gpus=num_gpus, resources=res, env_vars=env,
+                    labels=node_labels(topo, record.node_key, simulated=True))
+        return base, record.node_key, d
 
-    def _add(self, topo: NodeTopology) -> SimNode:
-        args = self._node_args(topo)
-        key = args.pop("_key")
+    def _add(self, topo: NodeTopology, plain: bool = False) -> SimNode:
+        args, key, d = self._node_args(topo, plain)
         handle = self._cluster.add_node(**args)
-        node = SimNode(node_id=handle.node_id, node_key=key, topology=topo, handle=handle)
+        node = SimNode(handle.node_id, key, topo, handle, d)
         self.nodes.append(node)
         return node
 
     @staticmethod
     def _publish(node: SimNode) -> None:
-        from . import kv
+        if not node.managed:
+            return
+        from . import agent, kv
 
         kv.publish(NodeRecord(node.node_key, node.topology, simulated=True))
+        agent.start(node.node_key, node.node_id)
 
     @property
     def address(self) -> str:
@@ -165,15 +166,15 @@ class SimulatedCluster:
                     return n
         raise ClusterError(f"no node {node_id_or_index!r} (nodes: {self.node_ids})")
 
-    def add_node(self, topology: NodeTopology | str) -> str:
+    def add_node(self, topology: NodeTopology | str, *, plain: bool = False) -> str:
         """Start one more node with ``topology``; return its Ray node id."""
-        node = self._add(resolve_topology(topology))
+        node = self._add(resolve_topology(topology), plain)
         self._cluster.wait_for_nodes()
         if self._connected:
             self._publish(node)
-            from . import context
+            from . import view
 
-            context.view().invalidate()
+            view.view().invalidate()
         return node.node_id
 
     def remove_node(self, node: str | int) -> None:
@@ -187,27 +188,34 @@ class SimulatedCluster:
             raise ClusterError("cannot remove the head node: the driver is connected to it")
         self._cluster.remove_node(n.handle, allow_graceful=False)
         self.nodes.remove(n)
-        if self._connected:
-            from . import context, kv
+        if self._connected and n.managed:
+            from . import kv, view
 
             kv.delete(n.node_key)
-            context.view().invalidate()
+            view.view().invalidate()
+        if n.directory is not None:
+            from . import nodedir
+
+            nodedir.remove(n.directory)
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
         """Disconnect and stop every node (idempotent)."""
         import ray
 
-        from . import context
+        from . import nodedir, view
 
         if self._connected:
             ray.shutdown()
             self._connected = False
-        context.reset()
+        view.reset()
         cluster = getattr(self, "_cluster", None)
         if cluster is not None:
             cluster.shutdown()
             self._cluster = None
+        for n in self.nodes:
+            if n.directory is not None:
+                nodedir.remove(n.directory)
         self.nodes = []
         if self._own_tmp and os.environ.get("RAY_TMPDIR") == self.temp_dir:
             os.environ.pop("RAY_TMPDIR", None)

@@ -5,19 +5,23 @@
     with rayaccel.gang(workers=2, gpus_per_worker=4, strategy="pack") as g:
         sums = g.run(train_step, batch)     # fn runs on every worker, rank order
 
-Placement comes from :func:`rayaccel.placement.place_gang` (ranks in topology
-order). The reservation is one Ray placement group whose bundle ``i`` asks for
-exactly worker ``i``'s device resources plus a pin to its node (``NODE_PIN`` of
-the node marker), so Ray grants all bundles or none. Workers are actors in the
-group. On the first :meth:`Gang.run` every worker calls
+A gang is an ordinary Ray placement group of ``{"GPU": k}`` bundles (so Ray's ledger
+and autoscaler see it as GPU demand), each bundle pinned to the node
+:func:`rayaccel.placement.place_gang` chose by the node marker resource. On each
+node, the arbiter treats the group as one gang: its first worker reserves the best
+set for all of the group's GPUs there and hands the bundles their devices in ring
+order, so rank ``i`` (bundle ``i``) sits next to rank ``i+1``. Workers are actors in
+the group. On the first :meth:`Gang.run` every worker calls
 ``torch.distributed.init_process_group`` (NCCL on real GPUs, gloo on simulated
-nodes) with rank 0's node IP and a free port as the rendezvous.
+nodes) with rank 0's node IP and a free port as the rendezvous; rank 0's store
+listens on that node IP only.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import uuid
 from typing import Any, Callable
 
 from ..errors import ClusterError, RequestError, Unsatisfiable
@@ -29,23 +33,28 @@ _WORKER_CLS: Any = None
 class _GangWorker:
     """One gang member (an actor; see :func:`_worker_cls`)."""
 
-    def __init__(self, spec: Any, rank: int):
-        from . import registry
-        from .worker import setup
+    def __init__(self, name: str, rank: int):
+        from .worker import get_devices
 
         self.rank = rank
-        self.assignment, _ = setup(spec)
-        registry.announce(spec, "gang")
+        self.name = name
+        self.assignment = get_devices()
         self.dist = False
 
     def rendezvous(self) -> tuple[str, int]:
+        """(node IP, port) of a listening socket bound to this node's IP only; the store serves on it."""
         import ray
 
-        s = socket.socket()
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-        s.close()
-        return ray.util.get_node_ip_address(), port
+        addr = ray.util.get_node_ip_address()
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.bind((addr, 0))
+        s.listen(128)
+        self._listen = s
+        return addr, s.getsockname()[1]
+
+    def devices(self) -> tuple:
+        return self.assignment.indices
 
     def init_dist(self, world: int, addr: str, port: int, backend: str, timeout_s: float) -> int:
         import datetime
@@ -55,7 +64,13 @@ class _GangWorker:
 
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(self.rank),
                           WORLD_SIZE=str(world), LOCAL_RANK="0")
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=world,
+        # rank 0's store serves on the socket rendezvous() bound to this node's IP, not on every interface
+        fd = None
+        if self.rank == 0:
+            fd = self._listen.fileno()
+        store = dist.TCPStore(addr, port, world, self.rank == 0, timeout=datetime.timedelta(seconds=timeout_s),
+                              master_listen_fd=fd, use_libuv=False if fd is not None else True)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         self.dist = True
         return self.rank
@@ -64,6 +79,10 @@ class _GangWorker:
         return fn(*args, **kwargs)
 
     def close(self) -> None:
+        listen = getattr(self, "_listen", None)
+        if listen is not None:
+            listen.close()
+            self._listen = None
         if self.dist:
             import torch.distributed as dist
 
@@ -84,7 +103,7 @@ class Gang:
     """A reserved group of workers (see module docstring). Use :func:`gang` to make one.
 
     Attributes:
-        allocation: the :class:`~rayaccel.placement.GangAllocation` (rank order).
+        allocation: the :class:`~rayaccel.placement.GangAllocation` the placer expected (rank order).
         placement_group: the Ray placement group. workers: actor handles, rank order.
         backend: ``"nccl"`` or ``"gloo"``.
     """
@@ -96,12 +115,9 @@ class Gang:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from ..placement import place_gang
-        from . import context
-        from .resources import NODE_PIN, allocation_resources, node_resource
-        from .view import node_state
-        from .worker import Spec
-
+        from .names import NODE_PIN, node_resource
         from .tasks import REQUEST_FIELDS
+        from .view import claims, node_state, view
 
         unknown = sorted(set(fields) - set(REQUEST_FIELDS) - {"gpus"})
         if unknown or "gpus" in fields:
@@ -113,49 +129,43 @@ class Gang:
             raise RequestError(f"expected a number of seconds > 0, got {timeout_s!r}", "timeout_s")
         if backend not in (None, "nccl", "gloo"):
             raise RequestError(f"unknown torch.distributed backend {backend!r}", "backend", "None (auto), nccl, gloo")
-        context.ensure_connected()
-        nodes = context.view().nodes(fresh=True)
+        nodes = view().nodes(fresh=True)
         if not nodes:
-            raise Unsatisfiable("the cluster has no rayaccel-managed nodes")
-        recent = context.recent_claims(nodes)
-        ga = place_gang([node_state(n, recent.get(n.node_id)) for n in nodes], workers, gpus_per_worker,
+            raise Unsatisfiable("the cluster has no usable rayaccel nodes (start them with `rayaccel start` or "
+                                "rayaccel.init())")
+        c = claims()
+        ga = place_gang([node_state(n, c) for n in nodes], workers, gpus_per_worker,
                         strategy=strategy, interconnect=interconnect, **fields)
         if not ga:
-            idle = place_gang([node_state(n, ignore_ray=True) for n in nodes], workers, gpus_per_worker,
+            idle = place_gang([node_state(n, idle=True) for n in nodes], workers, gpus_per_worker,
                               strategy=strategy, interconnect=interconnect, **fields)
             if not idle:
                 raise Unsatisfiable(f"no placement can ever hold {workers} workers x {gpus_per_worker} devices "
                                     f"({strategy}): " + "; ".join(idle.reasons))
-            ga = idle  # wait for these devices: the placement group queues until they are free
+            ga = idle  # wait for these nodes: the placement group queues until their devices are free
         by_id = {n.node_id: n for n in nodes}
         self.allocation = ga
         self.name = name
         self.timeout_s = timeout_s
         self.nodes = [by_id[a.node] for a in ga.workers]
-        self.bundles = []
-        specs = []
-        for i, (a, n) in enumerate(zip(ga.workers, self.nodes)):
-            res = allocation_resources(n.topology, a.devices)
-            res[node_resource(n.node_key)] = NODE_PIN
-            self.bundles.append(res)
-            specs.append(Spec(node_key=n.node_key, node_id=n.node_id, devices=tuple(a.devices),
-                              name=f"{name}[rank {i}]"))
+        self.bundles = [{"GPU": float(gpus_per_worker), node_resource(n.node_key): NODE_PIN} for n in self.nodes]
         one_node = len({n.node_id for n in self.nodes}) == 1
-        self.placement_group = placement_group(self.bundles, strategy="STRICT_PACK" if one_node else "PACK")
+        self.placement_group = placement_group(self.bundles, strategy="STRICT_PACK" if one_node else "PACK",
+                                               name=f"rayaccel-gang-{name}-{uuid.uuid4().hex[:8]}")
         self.workers = []
         try:
             ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
             if not ready:
                 raise ClusterError(f"gang {name!r}: the placement group was not granted within {timeout_s:.0f} s "
                                    f"(devices still held by other work)")
-            for n, b in zip(self.nodes, self.bundles):
-                context.claims().add(n.node_id, b, None, context.effective(n, b, recent.get(n.node_id)))
+            for n, a in zip(self.nodes, ga.workers):
+                c.add(n.node_id, tuple(a.devices), float(gpus_per_worker))
             self.backend = backend or ("gloo" if any(n.record.simulated for n in self.nodes) else "nccl")
             cls = _worker_cls()
-            for i, (b, spec) in enumerate(zip(self.bundles, specs)):
+            for i in range(len(self.bundles)):
                 strategy_i = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i)
-                self.workers.append(cls.options(num_cpus=0, resources=b, name=None,
-                                                scheduling_strategy=strategy_i).remote(spec, i))
+                self.workers.append(cls.options(num_cpus=0, num_gpus=gpus_per_worker, name=None,
+                                                scheduling_strategy=strategy_i).remote(f"{name}[rank {i}]", i))
         except BaseException:
             # never leave the reservation (or half the workers) behind: nobody holds this Gang
             for w in self.workers:
@@ -164,6 +174,12 @@ class Gang:
             raise
         self._dist_ready = False
         self._closed = False
+
+    def devices(self) -> list[tuple[int, ...]]:
+        """The devices each worker holds, rank order (as the nodes' arbiters chose them)."""
+        import ray
+
+        return ray.get([w.devices.remote() for w in self.workers], timeout=self.timeout_s)
 
     @property
     def world_size(self) -> int:

@@ -1,28 +1,31 @@
-"""Publication of node topologies in Ray's GCS key-value store.
+"""rayaccel's keys in Ray's GCS key-value store (namespace ``"rayaccel"``).
 
-Scheme: every managed node carries a node-unique marker resource
-``rayaccel_node_<key>`` (and the label ``rayaccel.io/node-key=<key>``). Its
-:class:`~rayaccel.ray.resources.NodeRecord` (topology + simulated flag) is stored
-under ``topology/<key>`` in namespace ``"rayaccel"``. Whoever starts the node
-writes the record right after the node joins (``rayaccel start`` connects a
-short-lived driver; :func:`rayaccel.init` and ``SimulatedCluster`` write it from
-their own driver). Readers map Ray node ids to keys through the marker resource,
-which comes with the per-node resource table they read anyway, so finding a
-node's topology costs no extra call once its record is cached.
+* ``topology/<key>``: a node's :class:`~.names.NodeRecord`, written by whoever starts
+  the node (:func:`publish`).
+* ``state/<key>``: the node agent's latest snapshot (free and held devices, drains,
+  health), rewritten about once a second (:mod:`.agent`).
+
+Everything read back is validated before use: a record that does not parse, is
+too large or too deeply nested, or does not match what its node advertises to
+Ray, makes that one node unusable for rayaccel (named in ``status`` and
+``doctor``) and never breaks the others.
 """
 
 from __future__ import annotations
 
-from ..errors import ClusterError
-from .resources import NAMESPACE, NodeRecord, kv_key
+import json
+
+from ..errors import ClusterError, TopologyError
+from . import _ray_private as rp
+from .names import NAMESPACE, NodeRecord, kv_key
+
+STATE_PREFIX = "state/"
+MAX_STATE_BYTES = 4 << 20
 
 
-def _kv():
-    from ray.experimental import internal_kv
-
-    if not internal_kv._internal_kv_initialized():
+def _check() -> None:
+    if rp.kv() is None:
         raise ClusterError("not connected to Ray: call rayaccel.init() (or ray.init()) first")
-    return internal_kv
 
 
 def publish(record: NodeRecord) -> None:
@@ -31,29 +34,68 @@ def publish(record: NodeRecord) -> None:
     Raises:
         ClusterError: not connected to Ray.
     """
-    _kv()._internal_kv_put(kv_key(record.node_key), record.to_json(), overwrite=True, namespace=NAMESPACE)
+    _check()
+    rp.kv_put(kv_key(record.node_key), record.to_json(), NAMESPACE)
 
 
 def fetch_record(node_key: str) -> NodeRecord:
     """The record published for ``node_key``.
 
     Raises:
-        ClusterError: not connected, or no record for that key (the node was started
-            with plain ``ray start``, or its publication failed).
+        ClusterError: not connected, or no record for that key.
+        TopologyError: the record is malformed (names the node key).
     """
-    raw = _kv()._internal_kv_get(kv_key(node_key), namespace=NAMESPACE)
+    _check()
+    raw = rp.kv_get(kv_key(node_key), NAMESPACE)
     if raw is None:
         raise ClusterError(f"no rayaccel topology published for node key {node_key!r} "
                            f"(start the node with `rayaccel start` or rayaccel.init())")
-    return NodeRecord.from_json(raw)
+    return NodeRecord.from_json(raw, where=f"node {node_key}")
 
 
 def delete(node_key: str) -> None:
-    """Remove the record of ``node_key`` (idempotent)."""
-    _kv()._internal_kv_del(kv_key(node_key), namespace=NAMESPACE)
+    """Remove the record and state of ``node_key`` (idempotent)."""
+    _check()
+    rp.kv_del(kv_key(node_key), NAMESPACE)
+    rp.kv_del(STATE_PREFIX + node_key, NAMESPACE)
 
 
 def published_keys() -> list[str]:
     """Node keys that have a record."""
-    keys = _kv()._internal_kv_list("topology/", namespace=NAMESPACE)
-    return sorted(k.decode()[len("topology/"):] if isinstance(k, bytes) else k[len("topology/"):] for k in keys)
+    _check()
+    return [k[len("topology/"):] for k in rp.kv_list("topology/", NAMESPACE)]
+
+
+def publish_state(node_key: str, state: dict) -> None:
+    """Write a node agent's snapshot."""
+    rp.kv_put(STATE_PREFIX + node_key, json.dumps(state, separators=(",", ":")), NAMESPACE)
+
+
+def parse_state(raw: bytes | None, node_key: str) -> dict | None:
+    """A published snapshot, validated (None when absent).
+
+    Raises:
+        TopologyError: malformed (names the node key).
+    """
+    if raw is None:
+        return None
+    if len(raw) > MAX_STATE_BYTES:
+        raise TopologyError(f"state snapshot is {len(raw)} bytes (at most {MAX_STATE_BYTES})", f"node {node_key}")
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise TopologyError("state snapshot nested too deeply", f"node {node_key}") from None
+    except ValueError as e:
+        raise TopologyError(f"state snapshot is not JSON: {e}", f"node {node_key}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("free"), list) \
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in data["free"]):
+        raise TopologyError("state snapshot lacks a list of free device indices", f"node {node_key}")
+    return data
+
+
+def fetch_states(node_keys: list[str]) -> dict[str, bytes]:
+    """Raw snapshots of ``node_keys`` (one GCS request)."""
+    if not node_keys:
+        return {}
+    got = rp.kv_multi_get([STATE_PREFIX + k for k in node_keys], NAMESPACE)
+    return {k[len(STATE_PREFIX):]: v for k, v in got.items()}

@@ -1,6 +1,14 @@
-"""Starting nodes: :func:`init` (embedded or connect), :func:`shutdown`, :func:`start_node` / :func:`stop_node`.
+"""Starting rayaccel nodes: :func:`init` (embedded or connect), :func:`shutdown`, :func:`start_node`.
 
-Which topology a node gets (both for ``rayaccel.init()`` and ``rayaccel start``):
+A rayaccel node is an ordinary Ray node whose raylet is started with:
+
+* ``num_gpus`` = its GPU pool (Ray's own ``GPU`` ledger; any Ray GPU work can use it),
+  ``mig_<profile>`` unit-instance resources for MIG instances, the node marker
+  ``rayaccel_node_<key>`` and ``rayaccel.io/...`` labels (:mod:`.names`);
+* an environment that makes every worker it spawns import the worker hook
+  (:mod:`.hook`) and find the node's directory (:func:`node_env`).
+
+Which topology a node gets (``rayaccel.init()`` and ``rayaccel start``):
 
 1. the ``topology`` argument / ``--topology NAME|FILE`` (simulated);
 2. else :func:`rayaccel.discovery.discover`: ``RAYACCEL_TOPOLOGY`` set -> that
@@ -8,27 +16,28 @@ Which topology a node gets (both for ``rayaccel.init()`` and ``rayaccel start``)
 3. else (no hardware backend available) the catalog default
    (:data:`rayaccel.catalog.DEFAULT`), simulated, so a laptop works out of the box.
 
-Publication (see :mod:`rayaccel.ray.kv`): ``init`` writes the record from its own
-driver right after the embedded node is up; ``start_node`` runs ``ray start`` and
-then connects a short-lived driver to write it (``rayaccel start`` fails, and
-stops the node again, if that write fails, so a node never runs unpublished).
+The node's record is written into its directory before the raylet starts (the hook
+reads it at the first grant) and into Ray's GCS KV once the node is up (drivers read
+it there); then the node's agent (:mod:`.agent`) is started on it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shlex
-import subprocess
-import sys
-from typing import Any, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
 
 from ..errors import BackendUnavailable, ClusterError
 from ..topology import NodeTopology
-from .resources import NodeRecord, new_node_key, node_labels, node_resources
+from . import _ray_private as rp
+from .hook import NODE_DIR_ENV, UNHOOKED_PREFIX, VISIBLE_ENV
+from .names import NodeRecord, mig_resource, new_node_key, node_labels, node_resources
 
 log = logging.getLogger(__name__)
+HOOK_MODULE = "rayaccel.ray.hook"
+NODE_KEY_ENV = "RAYACCEL_NODE_KEY"
 
 
 def node_topology(topology: NodeTopology | str | None = None) -> tuple[NodeTopology, bool]:
@@ -38,8 +47,6 @@ def node_topology(topology: NodeTopology | str | None = None) -> tuple[NodeTopol
         CatalogError / TopologyError: a bad ``topology`` name or file.
         BackendError: a hardware backend that is present failed.
     """
-    from .cluster import resolve_topology
-
     if topology is not None:
         return resolve_topology(topology), True
     from ..discovery import discover
@@ -54,8 +61,77 @@ def node_topology(topology: NodeTopology | str | None = None) -> tuple[NodeTopol
         return catalog.load(catalog.DEFAULT), True
 
 
+def resolve_topology(spec: NodeTopology | str) -> NodeTopology:
+    """A topology from a value, a catalog name, a topology JSON file or a capture file.
+
+    Raises:
+        CatalogError / TopologyError / CaptureError / ClusterError: the value cannot be read.
+    """
+    if isinstance(spec, NodeTopology):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ClusterError(f"expected a NodeTopology, catalog name or file, got {type(spec).__name__}")
+    from ..discovery import load_topology
+
+    return load_topology(spec)
+
+
+def node_env(topology: NodeTopology, node_key: str, directory: Path,
+             base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables a rayaccel node's raylet (and so every worker) must start with.
+
+    * ``RAY_preload_python_modules`` gains :data:`HOOK_MODULE` (kept: what was there);
+    * ``RAYACCEL_NODE_DIR`` / ``RAYACCEL_NODE_KEY``: the node's directory and key;
+    * ``RAY_custom_unit_instance_resources``: Ray's defaults plus the node's MIG resources;
+    * the vendor's visible-devices variable: placeholder ids ``rayaccel-unhooked-<slot>``,
+      so a worker that runs without the hook sees no GPU rather than a held one;
+    * ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` on NVIDIA nodes: CUDA numbers devices like NVML.
+    """
+    base = dict(os.environ if base is None else base)
+    pre = [m for m in (base.get(rp.PRELOAD_ENV) or "").split(",") if m and m != HOOK_MODULE]
+    env = {rp.PRELOAD_ENV: ",".join([*pre, HOOK_MODULE]), NODE_DIR_ENV: str(directory), NODE_KEY_ENV: node_key}
+    num_gpus, res = node_resources(topology, node_key)
+    migs = [r for r in res if r.startswith("mig_")]
+    if migs:
+        have = [r for r in (base.get(rp.UNIT_INSTANCE_ENV) or ",".join(rp.UNIT_INSTANCE_DEFAULT)).split(",") if r]
+        env[rp.UNIT_INSTANCE_ENV] = ",".join(dict.fromkeys([*have, *migs]))
+    vendors = {d.vendor for d in topology.devices}
+    var = VISIBLE_ENV.get(vendors.pop() if len(vendors) == 1 else "nvidia", "CUDA_VISIBLE_DEVICES")
+    if num_gpus or migs:
+        env[var] = ",".join(f"{UNHOOKED_PREFIX}{i}" for i in range(max(num_gpus, 1)))
+    if var == "CUDA_VISIBLE_DEVICES":
+        env.setdefault("CUDA_DEVICE_ORDER", base.get("CUDA_DEVICE_ORDER") or "PCI_BUS_ID")
+    return env
+
+
+@contextmanager
+def _environ(updates: dict[str, str]) -> Iterator[None]:
+    """Set ``updates`` in os.environ for the duration (processes started meanwhile inherit them)."""
+    saved = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None) -> tuple[NodeRecord, Path]:
+    """Make a node's key, directory and record (written there) before its raylet starts."""
+    from . import nodedir
+
+    key = node_key or new_node_key()
+    d = nodedir.node_dir(key)
+    record = NodeRecord(key, topology, simulated)
+    nodedir.write_record(d, record.to_json())
+    return record, d
+
+
 def init(address: str | None = None, topology: NodeTopology | str | None = None, **ray_init_kwargs: Any) -> Any:
-    """Connect to a Ray cluster, or start an embedded one-node cluster managed by rayaccel.
+    """Connect to a Ray cluster, or start an embedded one-node cluster whose node rayaccel manages.
 
     Args:
         address: a Ray address (``"auto"``, ``"host:port"``, ``"ray://..."``) to connect to;
@@ -73,11 +149,11 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     """
     import ray
 
-    from . import context, kv
+    from . import view
 
     if ray.is_initialized():
         raise ClusterError("Ray is already initialised in this process; call rayaccel.shutdown() first")
-    context.reset()  # Ray is down: whatever is cached (e.g. after a plain ray.shutdown()) is stale
+    view.reset()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is not None and not isinstance(address, str):
         raise ClusterError(f"address= must be a string such as 'auto' or 'host:port', got {type(address).__name__}")
@@ -87,24 +163,41 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
         if topology is not None:
             raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
                                "existing cluster publish their own topology via `rayaccel start`")
-        ctx = ray.init(address=address, **ray_init_kwargs)
-        _connected_or_shutdown(context.ensure_connected)
-        return ctx
+        return ray.init(address=address, **ray_init_kwargs)
     for k in ("num_gpus", "resources", "labels"):
         if k in ray_init_kwargs:
             raise ClusterError(f"{k}= is set by rayaccel for an embedded cluster (from the topology)")
     topo, simulated = node_topology(topology)
-    key = new_node_key()
+    record, directory = prepare(topo, simulated)
+    num_gpus, res = node_resources(topo, record.node_key)
     ray_init_kwargs.setdefault("include_dashboard", False)
-    ctx = ray.init(num_gpus=0, resources=node_resources(topo, key),
-                   labels=node_labels(topo, key, simulated=simulated), **ray_init_kwargs)
+    with _environ(node_env(topo, record.node_key, directory)):
+        # address="local": always a new embedded cluster, never one found in RAY_ADDRESS or /tmp/ray
+        ctx = ray.init(address="local", num_gpus=num_gpus, resources=res,
+                       labels=node_labels(topo, record.node_key, simulated=simulated), **ray_init_kwargs)
+    try:
+        from . import agent, kv
 
-    def finish() -> None:
-        kv.publish(NodeRecord(key, topo, simulated))
-        context.ensure_connected()
+        kv.publish(record)
+        agent.start(record.node_key, rp_node_id_of_driver(), directory)
+    except BaseException:
+        ray.shutdown()
+        from . import nodedir
 
-    _connected_or_shutdown(finish)
+        nodedir.remove(directory)
+        raise
+    _EMBEDDED.append(directory)
     return ctx
+
+
+_EMBEDDED: list[Path] = []
+
+
+def rp_node_id_of_driver() -> str:
+    """The Ray node id of this (driver) process's node."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
 
 
 def _check_init_kwargs(kwargs: dict) -> None:
@@ -126,128 +219,16 @@ def _check_init_kwargs(kwargs: dict) -> None:
                                f"{', '.join(sorted(n for n in known if not n.startswith('_')))})")
 
 
-def _connected_or_shutdown(step: Any) -> None:
-    """Run ``step`` after ``ray.init``; on failure shut Ray down again so a retry can start clean."""
-    import ray
-
-    from . import context
-
-    try:
-        step()
-    except BaseException:
-        ray.shutdown()
-        context.reset()
-        raise
-
-
 def shutdown() -> None:
     """Disconnect from Ray (stopping an embedded cluster) and forget cached cluster state."""
     import ray
 
-    from . import context
+    from . import nodedir, view
 
     ray.shutdown()
-    context.reset()
+    view.reset()
+    while _EMBEDDED:
+        nodedir.remove(_EMBEDDED.pop())
 
 
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[str], *,
-                      simulated: bool) -> list[str]:
-    """The ``ray start`` command line for a node advertising ``topology``.
-
-    Raises:
-        ClusterError: ``ray_args`` already sets ``--num-gpus`` (must be 0) or ``--resources``
-            naming rayaccel's resources.
-    """
-    args = list(ray_args)
-    gpus = _flag_value(args, "--num-gpus")
-    if gpus not in (None, "0"):
-        raise ClusterError(f"--num-gpus={gpus}: rayaccel nodes start with --num-gpus=0 so Ray cannot hand a "
-                           f"managed device out a second time; drop the flag")
-    res = node_resources(topology, node_key)
-    user_res = _flag_value(args, "--resources")
-    if user_res is not None:
-        try:
-            extra = json.loads(user_res)
-        except json.JSONDecodeError as e:
-            raise ClusterError(f"--resources is not valid JSON: {e.msg}") from None
-        clash = sorted(set(extra) & set(res))
-        if clash:
-            raise ClusterError(f"--resources names {clash[0]!r}, which rayaccel manages")
-        res.update(extra)
-        args = [a for i, a in enumerate(args) if not (a.startswith("--resources")
-                                                      or (i > 0 and args[i - 1] == "--resources"))]
-    labels = node_labels(topology, node_key, simulated=simulated)
-    user_labels = _flag_value(args, "--labels")
-    if user_labels:
-        args = [a for i, a in enumerate(args) if not (a.startswith("--labels")
-                                                      or (i > 0 and args[i - 1] == "--labels"))]
-        for item in user_labels.split(","):
-            if "=" in item:
-                k, v = item.split("=", 1)
-                labels[k.strip()] = v.strip()
-    label_text = ",".join(f"{k}={v}" for k, v in labels.items())
-    return ["ray", "start", *args, "--num-gpus=0", f"--resources={json.dumps(res)}", f"--labels={label_text}"]
-
-
-def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None = None,
-               *, publish: bool = True) -> tuple[NodeRecord, str]:
-    """Run ``ray start`` for this node with rayaccel's resources and labels, then publish its record.
-
-    Args:
-        ray_args: ``ray start`` flags passed through (``--head``, ``--address=...``, ``--port`` ...).
-        topology: simulate this topology instead of discovering (sets ``RAYACCEL_TOPOLOGY``
-            for the node's processes).
-        publish: write the record into the GCS KV (connects a short-lived driver).
-
-    Returns:
-        The record and ``ray start``'s output.
-
-    Raises:
-        ClusterError: ``ray start`` failed, or publication failed (the node is stopped again).
-    """
-    topo, simulated = node_topology(topology)
-    key = new_node_key()
-    cmd = ray_start_command(topo, key, ray_args, simulated=simulated)
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if simulated and topology is not None:
-        env["RAYACCEL_TOPOLOGY"] = str(topology) if not isinstance(topology, NodeTopology) else (topo.name or "")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ClusterError(f"`{shlex.join(cmd[:3])} ...` failed (exit {proc.returncode}):\n"
-                           f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
-    record = NodeRecord(key, topo, simulated)
-    if publish:
-        address = _flag_value(ray_args, "--address") or "auto"
-        code = ("import sys, ray; from rayaccel.ray import kv; from rayaccel.ray.resources import NodeRecord;"
-                "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False);"
-                "kv.publish(NodeRecord.from_json(sys.stdin.read())); ray.shutdown()")
-        pub = subprocess.run([sys.executable, "-c", code, address], input=record.to_json(), env=env,
-                             capture_output=True, text=True)
-        if pub.returncode != 0:
-            subprocess.run(["ray", "stop"], env=env, capture_output=True)
-            raise ClusterError(f"the node started but its topology could not be published at {address} "
-                               f"(node stopped again):\n{pub.stderr.strip()[-2000:]}")
-    return record, proc.stdout
-
-
-def stop_node(force: bool = False) -> str:
-    """Run ``ray stop`` (``--force`` when asked); return its output.
-
-    Raises:
-        ClusterError: ``ray stop`` failed.
-    """
-    cmd = ["ray", "stop"] + (["--force"] if force else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ClusterError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {proc.stderr.strip()[-1000:]}")
-    return proc.stdout + proc.stderr
+__all__ = ["init", "mig_resource", "node_env", "node_topology", "prepare", "resolve_topology", "shutdown"]

@@ -1,4 +1,4 @@
-"""``@rayaccel.remote``: Ray tasks and actors placed on the best devices.
+"""``@rayaccel.remote``: Ray tasks and actors with what plain ``num_gpus`` cannot say.
 
 ::
 
@@ -10,35 +10,47 @@
     class Server: ...
     h = Server.options(name="srv").remote()  # an ordinary ActorHandle
 
-At each submit rayaccel places the request on the cluster (see
-:mod:`rayaccel.ray.context`) and hands Ray a task asking for exactly the chosen
-device resources (:mod:`rayaccel.ray.resources`) with
-``NodeAffinitySchedulingStrategy(node, soft=False)``; the worker side runs
-:mod:`rayaccel.ray.worker` before user code. When no suitable set is free (or
-this driver already has calls waiting), a task goes to the cluster's
-dispatcher (:mod:`rayaccel.ray.dispatch`), which starts it on the first
-suitable set that frees; the caller still gets an ordinary ObjectRef. Actors
-queue in Ray on the least-loaded set chosen at creation. Tasks on real (non-simulated)
-hardware default to ``max_calls=1`` like Ray's own GPU tasks, because CUDA
-cannot change its visible devices once initialised in a process.
+Each submit turns the request into a :class:`~.claim.Claim` (the node to prefer,
+the nodes that could ever serve it) and then into ordinary Ray options
+(``num_gpus``, MIG resources, a soft node pin, a label selector): Ray's own
+ledger queues, schedules, retries and cancels the work like any Ray task. In the
+worker, the node's arbiter maps the granted slots to devices; for requests with
+constraints Ray cannot express (interconnect, same NUMA, NIC, model) the task
+re-asks the arbiter with them before user code runs (:func:`.hook.refine`),
+waiting while no set meeting them is free.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import RequestError
 
-#: rayaccel's own options; everything else goes to Ray.
+#: rayaccel's own options; everything else goes to Ray (``num_gpus`` is a synonym of ``gpus``).
 REQUEST_FIELDS = ("gpus", "mig", "gpu_memory", "interconnect", "same_numa", "vendor", "model", "nic", "exclusive")
 _FORBIDDEN = {
-    "num_gpus": "rayaccel nodes advertise no Ray GPUs; ask with gpus=/mig=/gpu_memory= instead",
-    "scheduling_strategy": "rayaccel pins the work to the node it chose",
-    "placement_group": "use rayaccel.gang() for co-scheduled groups",
+    "scheduling_strategy": "rayaccel chooses the node (it soft-pins to the best one)",
+    "placement_group": "use rayaccel.gang() for co-scheduled groups (or plain Ray: placement groups are gangs "
+                       "on rayaccel nodes already)",
     "accelerator_type": "use model='H100' (a substring of the device model)",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkSpec:
+    """What travels with each rayaccel task/actor to the worker (small).
+
+    Attributes:
+        request: the placement request (the arbiter re-decides with it when it has constraints).
+        name: label for ``status``. refine: whether the request has constraints beyond Ray's count.
+    """
+
+    request: Any
+    name: str
+    refine: bool
 
 
 def build_request(fields: dict) -> Any:
@@ -65,19 +77,21 @@ def build_request(fields: dict) -> Any:
     return Request(gpus=gpus, **f)
 
 
+def needs_refine(request: Any) -> bool:
+    """True when the request says more than Ray's count (the arbiter must see it at the grant)."""
+    return request.kind == "devices" and (request.interconnect != "any" or request.same_numa or request.nic
+                                          or request.model is not None or request.vendor is not None
+                                          or request.gpu_memory is not None)
+
+
 def _validate_ray_options(ray_opts: dict, kind: str) -> None:
     """Check Ray's options now (Ray itself would only complain at the first ``.remote()``).
 
     Raises:
         RequestError: an option Ray does not know for ``kind`` or a bad value (names the option).
     """
-    try:
-        from ray._common import ray_option_utils as rou
-    except ImportError:  # older Ray layout
-        try:
-            from ray._private import ray_option_utils as rou  # type: ignore[no-redef]
-        except ImportError:  # no validator in this Ray: Ray checks at submit instead
-            return
+    from ray._common import ray_option_utils as rou
+
     known = rou.task_options if kind == "task" else rou.actor_options
     validate = rou.validate_task_options if kind == "task" else rou.validate_actor_options
     for k, v in ray_opts.items():
@@ -95,102 +109,62 @@ def _validate_ray_options(ray_opts: dict, kind: str) -> None:
         raise RequestError(str(e), "options") from None
 
 
-def _split(options: dict, kind: str = "task") -> tuple[dict, dict]:
+def split_options(options: dict, kind: str = "task") -> tuple[dict, dict]:
+    """(rayaccel request fields, Ray options) of a decorator's keywords.
+
+    Raises:
+        RequestError: a forbidden or unknown option, ``gpus`` and ``num_gpus`` both given,
+            or a resource rayaccel manages.
+    """
+    options = dict(options)
+    if "num_gpus" in options:
+        if "gpus" in options and options["gpus"] != options["num_gpus"]:
+            raise RequestError("give gpus= or its synonym num_gpus=, not both", "num_gpus", "one of them")
+        n = options.pop("num_gpus")
+        if n is not None:
+            if isinstance(n, float) and n.is_integer():
+                n = int(n)
+            if isinstance(n, float):
+                raise RequestError(f"expected a whole number of devices, got {n}", "num_gpus",
+                                   "an int; for a share of one device use gpu_memory='16GiB'")
+            options["gpus"] = n
     req = {k: options[k] for k in REQUEST_FIELDS if k in options}
     ray_opts = {k: v for k, v in options.items() if k not in REQUEST_FIELDS}
     for k, why in _FORBIDDEN.items():
-        if k in ray_opts and not (k == "num_gpus" and not ray_opts[k]):
+        if k in ray_opts:
             raise RequestError(f"not supported on rayaccel work: {why}", k)
-    ray_opts.pop("num_gpus", None)
     res = ray_opts.get("resources") or {}
     if not isinstance(res, dict):
         raise RequestError(f"expected a dict of custom resources, got {type(res).__name__}", "resources")
-    bad = [r for r in res if isinstance(r, str) and r.startswith(("accel_", "rayaccel_node_"))]
+    bad = [r for r in res if isinstance(r, str) and (r.startswith(("mig_", "rayaccel_node_")) or r == "GPU")]
     if bad:
         raise RequestError(f"resource {bad[0]!r} is managed by rayaccel", "resources", "your own custom resources")
     _validate_ray_options(ray_opts, kind)
     return req, ray_opts
 
 
-#: ``ray.remote(max_calls=n)`` variants of base functions: (id(fn), n) -> (fn, variant).
-_VARIANTS: dict[tuple[int, int], tuple[Any, Any]] = {}
-
-
-def submitter(ray_fn: Any, opts: dict) -> Any:
-    """``ray_fn.options(**opts)``; a ``max_calls`` in ``opts`` goes to a ``ray.remote(max_calls=n)`` variant.
-
-    Ray accepts ``max_calls`` only in ``ray.remote(...)``, never in ``.options()``
-    (it raises ValueError there), yet :func:`pin` sets it for tasks on real hardware
-    and users may pass it. Shared by the direct path and the dispatcher.
-    """
-    opts = dict(opts)
-    n = opts.pop("max_calls", None)
-    fn = ray_fn
-    if n is not None:
-        key = (id(ray_fn), n)
-        hit = _VARIANTS.get(key)
-        if hit is None or hit[0] is not ray_fn:
-            import ray
-
-            if len(_VARIANTS) > 256:
-                _VARIANTS.clear()
-            hit = _VARIANTS[key] = (ray_fn, ray.remote(max_calls=n)(ray_fn._function))
-        fn = hit[1]
-    return fn.options(**opts)
-
-
-def pin(request: Any, alloc: Any, node: Any, name: str, ray_opts: dict, *, task: bool,
-        minus: dict | None = None) -> tuple[Any, dict, dict]:
-    """The worker :class:`Spec`, the Ray options pinning the work to ``alloc`` on ``node``, and its resources.
-
-    Shared by the direct path and the dispatcher (:mod:`rayaccel.ray.dispatch`).
-    """
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from .resources import allocation_resources
-    from .worker import Spec
-
-    shared = dict(alloc.memory_bytes) if request.kind == "shared" else {}
-    res = allocation_resources(node.topology, alloc.devices if request.kind == "devices" else (),
-                               alloc.partitions, shared)
-    spec = Spec(node_key=node.node_key, node_id=node.node_id,
-                devices=tuple(alloc.devices) if request.kind == "devices" else (),
-                partitions=tuple(p.key for p in alloc.partitions),
-                shared_memory=tuple(sorted(shared.items())),
-                gpu_memory_bytes=request.gpu_memory, name=name)
-    opts = dict(ray_opts)
-    opts["resources"] = {**(opts.get("resources") or {}), **res}
-    opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
-    if task and not node.record.simulated:
-        opts.setdefault("max_calls", 1)
-    return spec, opts, res
-
-
-def _spec_and_options(request: Any, name: str, ray_opts: dict, *, task: bool,
-                      queue: bool = True) -> tuple[Any, dict, Any] | None:
-    from . import context
-
-    context.ensure_connected()
-    planned = context.plan(request, queue=queue)
-    if planned is None:
-        return None
-    alloc, node, minus = planned
-    spec, opts, res = pin(request, alloc, node, name, ray_opts, task=task)
-    return spec, opts, (node.node_id, res, context.effective(node, res, minus))
-
-
 class RemoteFunction:
     """A function decorated with :func:`remote`; call ``.remote(...)`` / ``.options(...)``."""
 
-    def __init__(self, fn: Callable, options: dict, _ray_fn: Any = None):
+    def __init__(self, fn: Callable, options: dict, _ray_fn: Any = None, _ray_fn_once: Any = None):
         self._fn = fn
-        self._req_fields, self._ray_opts = _split(options)
+        self._req_fields, self._ray_opts = split_options(options)
         self._request = build_request(self._req_fields)
         self._name = self._ray_opts.get("name") or getattr(fn, "__name__", "task")
+        self._spec = WorkSpec(self._request, self._name, needs_refine(self._request))
+        self._max_calls = self._ray_opts.pop("max_calls", None)
         self._ray_fn = _ray_fn
+        self._ray_fn_once = _ray_fn_once
+        self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
-    def _base(self) -> Any:
+    def _base(self, real: bool = False) -> Any:
+        """Ray's remote function; on real hardware one that runs once per process (``max_calls=1``).
+
+        CUDA cannot change its visible devices once initialised in a process, so, like
+        Ray's own GPU tasks, a task on real devices gets a fresh worker (unless the
+        user set ``max_calls``).
+        """
         if self._ray_fn is None:
             import ray
 
@@ -202,51 +176,53 @@ class RemoteFunction:
                 return run_task(fn, _rayaccel_spec, args, kwargs)
 
             rayaccel_task.__name__ = getattr(fn, "__name__", "rayaccel_task")
-            self._ray_fn = ray.remote(rayaccel_task)
-        return self._ray_fn
+            rayaccel_task.__qualname__ = getattr(fn, "__qualname__", rayaccel_task.__name__)
+            self._ray_fn = ray.remote(max_calls=self._max_calls or 0)(rayaccel_task)
+            self._ray_fn_once = ray.remote(max_calls=self._max_calls or 1)(rayaccel_task)
+        return self._ray_fn_once if real else self._ray_fn
 
     @property
     def request(self) -> Any:
         """The placement request every call makes."""
         return self._request
 
-    def _submitter(self, opts: dict) -> Any:
-        # Ray's .options() builds a wrapper per call; one per (node, device set) is enough.
-        key = (opts["scheduling_strategy"].node_id, tuple(sorted(opts["resources"].items())))
-        cache = self.__dict__.setdefault("_options_cache", {})
-        hit = cache.get(key)
+    def _submitter(self, claim: Any) -> Any:
+        # Ray's .options() builds a wrapper per call; one per (node, shape) is enough.
+        key = (claim.node_id, claim.num_gpus, claim.resources, claim.node_keys, claim.every_node, claim.real)
+        hit = self._cache.get(key)
         if hit is None:
-            if len(cache) > 512:
-                cache.clear()
-            hit = cache[key] = submitter(self._base(), opts)
+            if len(self._cache) > 256:
+                self._cache.clear()
+            opts = claim.ray_options(self._ray_opts)
+            opts.setdefault("name", self._name)
+            hit = self._cache[key] = self._base(claim.real).options(**opts)
         return hit
 
     def options(self, **options: Any) -> "RemoteFunction":
         """A copy with rayaccel fields and/or Ray options replaced (same rules as :func:`remote`)."""
         merged = {**self._req_fields, **self._ray_opts, **options}
-        return RemoteFunction(self._fn, merged, _ray_fn=self._base())
+        if self._max_calls is not None:
+            merged.setdefault("max_calls", self._max_calls)
+        if "num_gpus" in options:
+            merged.pop("gpus", None)
+        if "max_calls" in options:  # another variant of the Ray function
+            return RemoteFunction(self._fn, merged)
+        self._base()
+        return RemoteFunction(self._fn, merged, _ray_fn=self._ray_fn, _ray_fn_once=self._ray_fn_once)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Place and submit; return Ray's ObjectRef (or refs, with ``num_returns``).
+        """Plan and submit; return Ray's ObjectRef (or refs, with ``num_returns``).
 
         Raises:
             Unsatisfiable: no node could ever run this request.
             ClusterError: Ray is not initialised.
         """
-        from . import context, dispatch
+        from . import claim as claims
 
-        routable = dispatch.routable(self._ray_opts)
-        planned = None
-        if not (routable and dispatch.queued_here()):  # FIFO: never overtake this driver's queued calls
-            planned = _spec_and_options(self._request, self._name, self._ray_opts, task=True, queue=not routable)
-        if planned is None:
-            # nothing suitable is free: wait at the dispatcher, not pinned behind one busy set
-            return dispatch.submit(self._base(), self._request, self._name, self._ray_opts, args, kwargs)
-        spec, opts, (node_id, res, before) = planned
-        opts.setdefault("name", self._name)
-        ref = self._submitter(opts).remote(spec, *args, **kwargs)
+        c = claims.plan(self._request)
+        ref = self._submitter(c).remote(self._spec, *args, **kwargs)
         first = ref[0] if isinstance(ref, list) else ref
-        context.claims().add(node_id, res, first if hasattr(first, "_on_completed") else None, before)
+        claims.record(c, first if hasattr(first, "_on_completed") else None)
         return ref
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -256,14 +232,13 @@ class RemoteFunction:
 def _wrap_class(cls: type) -> type:
     class RayaccelActor(cls):  # type: ignore[misc, valid-type]
         def __init__(self, _rayaccel_spec, *args, **kwargs):
-            from rayaccel.ray import registry
             from rayaccel.ray.worker import setup
 
             setup(_rayaccel_spec)
-            registry.announce(_rayaccel_spec, "actor")
             super().__init__(*args, **kwargs)
 
     RayaccelActor.__name__ = cls.__name__
+    RayaccelActor.__qualname__ = cls.__qualname__
     RayaccelActor.__doc__ = cls.__doc__
     return RayaccelActor
 
@@ -273,7 +248,7 @@ class RemoteClass:
 
     def __init__(self, cls: type, options: dict, _ray_cls: Any = None):
         self._cls = cls
-        self._req_fields, self._ray_opts = _split(options, "actor")
+        self._req_fields, self._ray_opts = split_options(options, "actor")
         self._request = build_request(self._req_fields)
         self._ray_cls = _ray_cls
 
@@ -292,20 +267,23 @@ class RemoteClass:
     def options(self, **options: Any) -> "RemoteClass":
         """A copy with rayaccel fields and/or Ray actor options replaced."""
         merged = {**self._req_fields, **self._ray_opts, **options}
+        if "num_gpus" in options:
+            merged.pop("gpus", None)
         return RemoteClass(self._cls, merged, _ray_cls=self._base())
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Place and create the actor; return Ray's ActorHandle.
+        """Plan and create the actor; return Ray's ActorHandle.
 
         Raises:
             Unsatisfiable: no node could ever host this actor.
         """
-        from . import context
+        from . import claim as claims
 
         name = self._ray_opts.get("name") or self._cls.__name__
-        spec, opts, (node_id, res, before) = _spec_and_options(self._request, name, self._ray_opts, task=False)
-        handle = self._base().options(**opts).remote(spec, *args, **kwargs)
-        context.claims().add(node_id, res, None, before)
+        c = claims.plan(self._request)
+        spec = WorkSpec(self._request, name, needs_refine(self._request))
+        handle = self._base().options(**c.ray_options(self._ray_opts)).remote(spec, *args, **kwargs)
+        claims.record(c)
         return handle
 
 
@@ -313,10 +291,10 @@ def remote(*args: Any, **options: Any) -> Any:
     """Decorate a function or class as rayaccel remote work.
 
     Use bare (``@rayaccel.remote``: one whole device) or with options: rayaccel's
-    ``gpus``, ``mig``, ``gpu_memory``, ``interconnect``, ``same_numa``, ``vendor``,
-    ``model``, ``nic``, ``exclusive``; any other keyword is a Ray option
-    (``num_cpus``, ``max_retries``, ``name`` ...), except ``num_gpus``,
-    ``scheduling_strategy``, ``placement_group`` and ``accelerator_type``.
+    ``gpus`` (or its synonym ``num_gpus``), ``mig``, ``gpu_memory``, ``interconnect``,
+    ``same_numa``, ``vendor``, ``model``, ``nic``, ``exclusive``; any other keyword is
+    a Ray option (``num_cpus``, ``max_retries``, ``name``, ``label_selector`` ...),
+    except ``scheduling_strategy``, ``placement_group`` and ``accelerator_type``.
 
     Raises:
         RequestError: a bad option (raised at decoration time).

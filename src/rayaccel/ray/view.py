@@ -1,184 +1,123 @@
-"""The cluster as the placer sees it: topologies from the KV, free state from Ray.
+"""The cluster as a driver's placer sees it: nodes, their records, published free devices.
 
-One call (``ray._private.state.available_resources_per_node``: a single GCS
-request) gives every alive node's available resources; the node marker
-``rayaccel_node_<key>`` in it names the node's topology record, fetched once per
-node from the KV and cached. The result is cached for ``ttl_s`` (default 50 ms).
+One :class:`ClusterView` per driver process. A refresh costs three GCS requests
+(every alive node's available resources, their totals for new nodes, the agents'
+snapshots in one multi-get); records are fetched once per node key and cached.
+The view is cached for ``ttl_s`` (default 50 ms).
 
-Ray's view lags the raylets by ~100 ms, so a driver that submits quickly would
-otherwise place several tasks on the same "free" device. :class:`Claims` keeps
-what this process has submitted and not yet seen finish; a claim counts against
-the free state until its task completes or for ``grace_s`` (after which Ray's
-own numbers include it). Claims also give the queue depth per device, used to
-spread work evenly when every device is busy.
+Per node, the free devices come from its agent's snapshot (about once a second;
+a little stale is fine: the arbiter makes the exact choice at the grant) and Ray's
+available ``GPU`` count (fresh). :class:`Claims` keeps this driver's own recent
+submissions so a burst does not all aim at the same "free" devices.
+
+Bad data degrades only its own node: a record that does not parse, or that
+contradicts what the node advertises to Ray, puts that node in
+:attr:`ClusterView.bad` (shown by ``status`` and ``doctor``) and out of placement.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
+from ..errors import ClusterError, TopologyError
 from ..topology import NodeTopology
-from .resources import (MIB, NODE_KEY_PREFIX, NodeRecord, device_resource, memory_mib, memory_resource,
-                        mig_resource)
+from . import _ray_private as rp
+from .names import NODE_KEY_PREFIX, NodeRecord, valid_key
 
 _EPS = 1e-6
+#: How long a bad record is remembered before it is read again (it may be repaired), seconds.
+BAD_RETRY_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """One alive managed node: Ray node id, marker key, record and available resources."""
+    """One alive managed node.
+
+    Attributes:
+        node_id: Ray node id (hex). node_key: rayaccel key. record: its record.
+        available: Ray's available resources. total: Ray's total resources.
+        state: the agent's last snapshot (or None): ``free``, ``drained``, ``holders``, ``at``.
+    """
 
     node_id: str
     node_key: str
     record: NodeRecord
     available: Mapping[str, float]
+    total: Mapping[str, float]
+    state: dict | None = None
 
     @property
     def topology(self) -> NodeTopology:
         """The node's topology."""
         return self.record.topology
 
+    @property
+    def gpus_available(self) -> float:
+        """Ray's free ``GPU`` count on the node now."""
+        return float(self.available.get("GPU", 0.0))
+
+
+@dataclass
+class _Claim:
+    node_id: str
+    devices: tuple[int, ...]
+    gpus: float
+    at: float
+    ref: Any = None
+    done: bool = field(default=False)
+
 
 class Claims:
-    """Resources this process has asked Ray for and not yet seen released (thread-safe).
+    """This driver's submissions Ray's numbers may not show yet (thread-safe).
 
-    Entries are kept in submission order, so reading the recent ones stops at the
-    first entry older than ``grace_s``; per-resource queue depths are counted
-    incrementally. Both keep the submit path O(recent claims), not O(all pending).
+    A claim counts until its task completes (when a ref is given) or for ``grace_s``.
     """
 
     def __init__(self, grace_s: float = 1.0):
         self.grace_s = grace_s
         self._lock = threading.Lock()
-        self._entries: "OrderedDict[int, tuple]" = OrderedDict()
-        self._depth: dict[str, dict[str, int]] = {}
-        self._untracked: "deque[int]" = deque()
-        self._tracked = 0
+        self._items: dict[int, _Claim] = {}
         self._seq = 0
-        # Largest age_s ever given: entries are in insertion order, but a back-dated one
-        # (forwarded by another process) may be older than entries inserted before it, so
-        # readers may stop only at an entry older than grace_s + this.
-        self._max_age = 0.0
 
-    def add(self, node_id: str, resources: Mapping[str, float], ref: Any = None,
-            before: Mapping[str, float] | None = None, age_s: float = 0.0) -> int:
-        """Record a submission; if ``ref`` is given, drop the claim when it completes.
-
-        ``before``: the effective availability of each resource when the work was
-        placed; once Ray's own numbers drop by the claimed amount the claim is
-        reflected there and no longer subtracted (so it is never counted twice).
-        Without ``ref`` (actors, gangs) the claim lasts ``grace_s``. ``age_s``: how
-        long ago the work was submitted (claims forwarded from another process).
-        """
+    def add(self, node_id: str, devices: tuple[int, ...], gpus: float, ref: Any = None) -> int:
+        """Record a submission to ``node_id`` expected on ``devices``."""
         with self._lock:
-            self._expire(time.monotonic())  # untracked claims nobody reads depth() of must not pile up
+            self._expire()
             self._seq += 1
             cid = self._seq
-            self._max_age = max(self._max_age, age_s)
-            self._entries[cid] = (node_id, dict(resources), time.monotonic() - age_s, ref is not None,
-                                  dict(before or {}), ref)
-            acc = self._depth.setdefault(node_id, {})
-            for k in resources:
-                acc[k] = acc.get(k, 0) + 1
-            if ref is None:
-                self._untracked.append(cid)
-            else:
-                self._tracked += 1
-        if ref is not None:
-            ref._on_completed(lambda _res, cid=cid: self.release(cid))
+            self._items[cid] = _Claim(node_id, tuple(devices), float(gpus), time.monotonic(), ref)
+        if ref is not None and hasattr(ref, "_on_completed"):
+            ref._on_completed(lambda _r, cid=cid: self.release(cid))
         return cid
 
-    def _drop(self, cid: int) -> None:
-        e = self._entries.pop(cid, None)
-        if e is None:
-            return
-        acc = self._depth.get(e[0], {})
-        for k in e[1]:
-            c = acc.get(k, 0) - 1
-            if c > 0:
-                acc[k] = c
-            else:
-                acc.pop(k, None)
-        if e[3]:
-            self._tracked -= 1
-
     def release(self, cid: int) -> None:
-        """Forget claim ``cid`` (idempotent)."""
         with self._lock:
-            self._drop(cid)
+            self._items.pop(cid, None)
 
-    def _expire(self, now: float) -> None:
-        while self._untracked:
-            cid = self._untracked[0]
-            e = self._entries.get(cid)
-            if e is not None and now - e[2] <= self.grace_s:
-                break
-            self._untracked.popleft()
-            self._drop(cid)
-
-    def recent(self, available: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, dict[str, float]]:
-        """node -> resource -> amount of claims younger than ``grace_s`` that Ray does not show yet.
-
-        Args:
-            available: node -> Ray's available resources now; a claimed resource whose
-                availability already dropped by the claimed amount is left out.
-        """
+    def _expire(self) -> None:
         now = time.monotonic()
-        out: dict[str, dict[str, float]] = {}
-        with self._lock:
-            for node, res, t, _, before, _ref in reversed(self._entries.values()):
-                if now - t > self.grace_s:
-                    if now - t > self.grace_s + self._max_age:
-                        break  # every entry inserted before this one is older still
-                    continue
-                avail = (available or {}).get(node)
-                acc = out.setdefault(node, {})
-                for k, v in res.items():
-                    if avail is not None and k in before and avail.get(k, 0.0) <= before[k] - v + _EPS:
-                        continue  # Ray already counts it
-                    acc[k] = acc.get(k, 0.0) + v
-        return out
+        for cid in [c for c, it in self._items.items() if it.ref is None and now - it.at > self.grace_s]:
+            del self._items[cid]
 
-    def young(self) -> list[tuple[int, str, dict, dict, float, Any]]:
-        """``(claim id, node, resources, before, age_s, ref)`` of claims younger than ``grace_s``, newest first."""
+    def on(self, node_id: str) -> tuple[set[int], float]:
+        """(devices, GPUs) this driver's young claims take on ``node_id``."""
         now = time.monotonic()
-        out = []
         with self._lock:
-            for cid, (node, res, t, _, before, ref) in reversed(self._entries.items()):
-                if now - t > self.grace_s:
-                    if now - t > self.grace_s + self._max_age:
-                        break  # every entry inserted before this one is older still
-                    continue
-                out.append((cid, node, res, before, now - t, ref))
-        return out
-
-    def depth(self) -> dict[str, dict[str, int]]:
-        """node -> resource -> number of unfinished submissions asking for it.
-
-        Tasks count until they complete; actors and gangs (no completion to watch)
-        only for ``grace_s``, after which Ray's own numbers show them.
-        """
-        with self._lock:
-            self._expire(time.monotonic())
-            return {n: dict(d) for n, d in self._depth.items() if d}
-
-    def pending_tasks(self) -> int:
-        """Number of this driver's submitted tasks not yet finished."""
-        with self._lock:
-            return self._tracked
+            self._expire()
+            devs: set[int] = set()
+            gpus = 0.0
+            for it in self._items.values():
+                if it.node_id == node_id and now - it.at <= self.grace_s:
+                    devs.update(it.devices)
+                    gpus += it.gpus
+            return devs, gpus
 
     def clear(self) -> None:
-        """Forget everything (after shutdown)."""
         with self._lock:
-            self._entries.clear()
-            self._depth.clear()
-            self._untracked.clear()
-            self._tracked = 0
-            self._max_age = 0.0
+            self._items.clear()
 
 
 class ClusterView:
@@ -187,6 +126,10 @@ class ClusterView:
     def __init__(self, ttl_s: float = 0.05):
         self.ttl_s = ttl_s
         self._records: dict[str, NodeRecord] = {}
+        self._totals: dict[str, dict] = {}
+        #: node key -> (why it cannot be used, Ray node id, when noticed)
+        self.bad: dict[str, tuple[str, str, float]] = {}
+        self.unmanaged: list[str] = []
         self._nodes: list[NodeView] = []
         self._at = -1.0
         self._lock = threading.Lock()
@@ -196,79 +139,150 @@ class ClusterView:
         self._at = -1.0
 
     def nodes(self, fresh: bool = False) -> list[NodeView]:
-        """Alive managed nodes, sorted by node id (cached for ``ttl_s`` unless ``fresh``).
+        """Alive, usable managed nodes sorted by node id (cached for ``ttl_s`` unless ``fresh``).
 
         Raises:
             ClusterError: not connected to Ray.
         """
-        now = time.monotonic()
-        if not fresh and now - self._at <= self.ttl_s:
+        if not fresh and time.monotonic() - self._at <= self.ttl_s:
             return self._nodes
         with self._lock:
             if not fresh and time.monotonic() - self._at <= self.ttl_s:
                 return self._nodes
-            from ray._private import state
-
-            avail = state.available_resources_per_node()
-            nodes = []
+            if rp.kv() is None:
+                raise ClusterError("not connected to Ray: call rayaccel.init() (or ray.init()) first")
+            avail = rp.available_resources_per_node()
+            if any(nid not in self._totals for nid in avail):
+                self._totals.update(rp.total_resources_per_node())
+            found: list[tuple[str, str, dict]] = []
+            unmanaged = []
             for node_id, res in avail.items():
-                key = next((k[len(NODE_KEY_PREFIX):] for k in res if k.startswith(NODE_KEY_PREFIX)), None)
+                total = self._totals.get(node_id, {})
+                key = next((k[len(NODE_KEY_PREFIX):] for k in total if k.startswith(NODE_KEY_PREFIX)), None)
                 if key is None:
+                    unmanaged.append(node_id)
                     continue
-                rec = self._records.get(key)
-                if rec is None:
-                    from ..errors import ClusterError
-                    from .kv import fetch_record
+                found.append((node_id, key, res))
+            self.unmanaged = sorted(unmanaged)
+            try:
+                states = _states([k for _, k, _ in found])
+            except Exception as e:  # noqa: BLE001 - snapshots are advisory: place on Ray's counts alone
+                states = {}
+                import logging
 
-                    try:
-                        rec = fetch_record(key)
-                    except ClusterError:
-                        continue  # a node that has joined but not yet published its record
-                    self._records[key] = rec
-                nodes.append(NodeView(node_id, key, rec, res))
+                logging.getLogger(__name__).warning("rayaccel: node snapshots unreadable: %s", e)
+            nodes = []
+            now = time.monotonic()
+            for node_id, key, res in found:
+                rec = self._record(key, node_id, now)
+                if rec is None:
+                    continue
+                why = rec.mismatch(self._totals.get(node_id, {}))
+                if why is not None:
+                    self.bad[key] = (f"its record does not match what it advertises to Ray: {why}", node_id, now)
+                    continue
+                state = None
+                try:
+                    from .kv import parse_state
+
+                    state = parse_state(states.get(key), key)
+                except TopologyError as e:
+                    self.bad[key] = (str(e), node_id, now)
+                nodes.append(NodeView(node_id, key, rec, res, self._totals.get(node_id, {}), state))
+            alive_keys = {k for _, k, _ in found}
+            for k in [k for k in self.bad if k not in alive_keys]:
+                del self.bad[k]
             nodes.sort(key=lambda n: n.node_id)
             self._nodes = nodes
             self._at = time.monotonic()
             return nodes
 
+    def _record(self, key: str, node_id: str, now: float) -> NodeRecord | None:
+        rec = self._records.get(key)
+        if rec is not None:
+            return rec
+        bad = self.bad.get(key)
+        if bad is not None and now - bad[2] < BAD_RETRY_S:
+            return None
+        if not valid_key(key):
+            self.bad[key] = (f"malformed node key {key!r}", node_id, now)
+            return None
+        from .kv import fetch_record
 
-def node_state(view: NodeView, minus: Mapping[str, float] | None = None, *, ignore_ray: bool = False,
-               busy_extra: Iterable[str] = ()):
-    """The :class:`~rayaccel.placement.NodeState` of ``view``.
+        try:
+            rec = fetch_record(key)
+        except ClusterError:
+            return None  # joined but not yet published
+        except TopologyError as e:
+            self.bad[key] = (str(e), node_id, now)
+            return None
+        if rec.node_key != key:
+            self.bad[key] = (f"record names node key {rec.node_key!r}, published under {key!r}", node_id, now)
+            return None
+        self.bad.pop(key, None)
+        self._records[key] = rec
+        return rec
 
-    Args:
-        view: the node.
-        minus: resources to count as taken on top of Ray's numbers (recent claims).
-        ignore_ray: treat every device as free (used for "can this ever fit?" and for
-            queue-depth levels), then apply only ``busy_extra``.
-        busy_extra: resource names to treat as fully taken.
+
+def _states(keys: list[str]) -> dict[str, bytes]:
+    from .kv import fetch_states
+
+    return fetch_states(keys)
+
+
+def node_state(view: NodeView, claims: Claims | None = None, *, idle: bool = False) -> Any:
+    """The :class:`~rayaccel.placement.NodeState` of ``view`` for the placer.
+
+    Busy = devices outside the GPU pool (MIG mode, failed), drained devices, and unless
+    ``idle``: devices the agent's snapshot shows held, plus this driver's young claims.
     """
     from ..placement import NodeState
+    from .arbiter import gpu_pool
 
-    minus = minus or {}
-    extra = set(busy_extra)
     topo = view.topology
-
-    def free(name: str, total: float) -> float:
-        if name in extra:
-            return 0.0
-        have = total if ignore_ray else view.available.get(name, 0.0)
-        return have - minus.get(name, 0.0)
-
-    busy, parts, mem = set(), set(), {}
-    for d in topo.devices:
-        if d.health == "failed" or free(device_resource(d.index), 1.0) < 1 - _EPS:
-            busy.add(d.index)
+    pool = set(gpu_pool(topo))
+    busy = set(topo.indices) - pool
+    parts: set[str] = set()
+    st = view.state or {}
+    for d in st.get("drained", ()):
+        try:
+            busy.add(int(d))
+        except (TypeError, ValueError):
             continue
-        total = memory_mib(d.memory_bytes)
-        mig_mib = 0
-        for p in d.partitions:
-            if free(mig_resource(p), 1.0) < 1 - _EPS:
-                parts.add(p.key)
-                mig_mib += memory_mib(p.memory_bytes)
-        if total:
-            used = total - free(memory_resource(d.index), float(total)) - mig_mib
-            if used > 0.5:
-                mem[d.index] = int(round(used)) * MIB
-    return NodeState(topo, busy=frozenset(busy), busy_partitions=frozenset(parts), memory_used=mem,
-                     node_id=view.node_id)
+    if not idle:
+        if st:
+            busy |= pool - {i for i in st.get("free", ()) if isinstance(i, int)}
+            parts |= {k for k in st.get("mig_held", ()) if isinstance(k, str)}
+        if claims is not None:
+            devs, _ = claims.on(view.node_id)
+            busy |= devs
+    busy &= set(topo.indices)
+    known = {p.key for p in topo.partitions()}
+    return NodeState(topo, busy=frozenset(busy), busy_partitions=frozenset(parts & known), node_id=view.node_id)
+
+
+_VIEW: ClusterView | None = None
+_CLAIMS: Claims | None = None
+
+
+def view() -> ClusterView:
+    """This process's cluster view."""
+    global _VIEW
+    if _VIEW is None:
+        _VIEW = ClusterView()
+    return _VIEW
+
+
+def claims() -> Claims:
+    """This process's claims."""
+    global _CLAIMS
+    if _CLAIMS is None:
+        _CLAIMS = Claims()
+    return _CLAIMS
+
+
+def reset() -> None:
+    """Forget cached state (after shutdown)."""
+    global _VIEW, _CLAIMS
+    _VIEW = None
+    _CLAIMS = None

@@ -1,0 +1,64 @@
+"""Rich renderings of cluster state, shared by ``status`` and ``top`` (data is never markup)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from ..units import format_bytes
+
+STATE_STYLE = {"free": "green", "busy": "red", "shared": "yellow", "mig": "magenta", "drained": "bold red",
+               "failed": "red"}
+
+
+def _since(ts: Any) -> str:
+    if not isinstance(ts, (int, float)):
+        return "-"
+    s = max(0.0, time.time() - ts)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def status_tables(data: dict) -> list[Any]:
+    """One table per node, then lines for unusable and plain Ray nodes."""
+    out: list[Any] = []
+    if not data["nodes"] and not data["bad"]:
+        out.append(Text("no rayaccel nodes in this cluster (start them with `rayaccel start`)"))
+    for n in data["nodes"]:
+        title = Text(f"{n['name'] or n['node_key']} (node {n['node_id'][:12]}, key {n['node_key']}"
+                     f"{', simulated' if n['simulated'] else ''}): {n['free']}/{len(n['devices'])} free")
+        t = Table(title=title, title_justify="left")
+        for col in ("dev", "model", "memory", "state", "held by", "note"):
+            t.add_column(col)
+        for d in n["devices"]:
+            note = ""
+            if d.get("drain"):
+                dr = d["drain"]
+                note = f"drained by {dr.get('by')} {_since(dr.get('since'))} ago: {dr.get('reason')}"
+            elif d.get("share"):
+                note = f"{d['share'] * 100:.0f}% shared"
+            elif d.get("mig_held"):
+                note = "MIG " + ", ".join(d["mig_held"])
+            t.add_row(str(d["index"]), Text(d["model"] or "N/A"), format_bytes(d["memory_bytes"]),
+                      Text(d["state"], style=STATE_STYLE.get(d["state"], "")),
+                      Text(", ".join(d["holders"]) or "-"), Text(note))
+        out.append(t)
+        extra = []
+        if n.get("waiting"):
+            extra.append(f"{len(n['waiting'])} grant(s) waiting: " + "; ".join(
+                f"{w.get('name')} (pid {w.get('pid')}): {w.get('waiting')}" for w in n["waiting"][:3]))
+        if n.get("unhooked_slots"):
+            extra.append(f"{n['unhooked_slots']:g} GPU slot(s) held by workers without the rayaccel hook "
+                         f"(a runtime_env without rayaccel?): they see no GPU")
+        if n.get("agent") != "answered":
+            extra.append(f"agent: {n.get('agent')}" + (f" (snapshot {n['age_s']:.0f} s old)" if n.get("age_s") else ""))
+        for line in extra:
+            out.append(Text("  " + line, style="yellow"))
+    for b in data.get("bad", []):
+        out.append(Text(f"node {b['node_key']} (Ray node {b['node_id'][:12]}): unusable: {b['why']}", style="red"))
+    if data.get("unmanaged"):
+        out.append(Text(f"{len(data['unmanaged'])} plain Ray node(s) without rayaccel: "
+                        + ", ".join(x[:12] for x in data["unmanaged"]), style="dim"))
+    return out

@@ -1,0 +1,246 @@
+"""Every use of Ray's private API, in one place (checked against the pinned Ray by a test).
+
+rayaccel layers on Ray 2.60 without patching Ray's files. It relies on these
+internals, each named here once, so that a Ray upgrade that moves one fails
+``tests/ray/test_private_api.py`` loudly instead of silently misplacing work:
+
+* ``ray._private.worker.Worker.get_accelerator_ids_for_accelerator_resource`` --
+  the one function through which every in-worker view of a GPU grant passes
+  (``ray.get_gpu_ids()``, ``get_runtime_context().get_accelerator_ids()`` and the
+  ``CUDA_VISIBLE_DEVICES`` that Ray writes before each task). rayaccel's worker hook
+  (:mod:`rayaccel.ray.hook`) wraps it to name the arbiter's physical devices.
+* ``ray._private.utils.set_visible_accelerator_ids`` -- called by ``_raylet.pyx``
+  before every normal task and at actor creation; wrapped to apply the vendor's
+  variable, CPU affinity and rayaccel's own variables after Ray's.
+* ``Worker.core_worker.resource_ids()`` -- the raylet slot indices of the grant
+  (``GPU``, ``GPU_group_<pg>``, ``GPU_group_<i>_<pg>``, custom unit resources).
+* the raylet config ``preload_python_modules`` (env ``RAY_preload_python_modules``):
+  makes every Python worker a node starts import the hook before its first task,
+  whatever driver submitted the work; a worker environment without rayaccel logs
+  the import error and runs unhooked.
+* the raylet config ``custom_unit_instance_resources`` (env
+  ``RAY_custom_unit_instance_resources``; setting it replaces Ray's default list):
+  gives each MIG-profile resource per-instance slot ids.
+* ``ray._private.state`` (per-node available/total resources, placement group
+  table) and ``ray.experimental.internal_kv`` (the GCS key-value store).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable
+
+#: Ray's resource name for GPUs (NVIDIA, AMD, Intel all use it).
+GPU = "GPU"
+#: Raylet config read from the environment at node start: modules every Python worker imports.
+PRELOAD_ENV = "RAY_preload_python_modules"
+#: Raylet config: resources whose instances get per-slot ids (replaces Ray's default list).
+UNIT_INSTANCE_ENV = "RAY_custom_unit_instance_resources"
+#: Ray 2.60's default for ``custom_unit_instance_resources`` (src/ray/common/ray_config_def.h).
+UNIT_INSTANCE_DEFAULT = ("neuron_cores", "TPU", "NPU", "HPU", "RBLN", "FURIOSA", "TTNPU", "MBLT")
+#: ``GPU_group_<i>_<pg>`` (a bundle's GPUs) and ``GPU_group_<pg>`` (the group's wildcard).
+_PG_INDEXED = re.compile(r"^GPU_group_(\d+)_([0-9a-f]+)$")
+_PG_WILDCARD = re.compile(r"^GPU_group_([0-9a-f]+)$")
+
+_PATCHED = False
+
+
+def worker_class() -> type:
+    """``ray._private.worker.Worker``."""
+    from ray._private import worker
+
+    return worker.Worker
+
+
+def global_worker() -> Any:
+    """``ray._private.worker.global_worker`` (the process's Worker)."""
+    from ray._private import worker
+
+    return worker.global_worker
+
+
+def resource_ids(worker: Any) -> dict[str, list[tuple[int, float]]]:
+    """The raylet's grant to the current task/actor: resource -> [(slot, fraction)]."""
+    return worker.core_worker.resource_ids()
+
+
+def grant_key(worker: Any) -> str:
+    """Identity of the current grant: the actor id in an actor, else the task id (hex)."""
+    actor = worker.core_worker.get_actor_id()
+    if not actor.is_nil():
+        return "actor:" + actor.hex()
+    return "task:" + worker.core_worker.get_current_task_id().hex()
+
+
+def holder_info(worker: Any) -> dict[str, Any]:
+    """What ``rayaccel status`` shows of the current holder (name, kind, job)."""
+    core = worker.core_worker
+    actor = core.get_actor_id()
+    if not actor.is_nil():
+        name = ""
+        try:
+            name = core.get_actor_name().decode("utf-8", "replace")
+        except (AttributeError, UnicodeError):
+            pass
+        cls = ""
+        try:
+            cls = core.get_current_task_name() or ""
+        except AttributeError:
+            pass
+        if not name and cls:
+            name = cls.split(".")[0]
+        return {"kind": "actor", "name": name or "actor", "id": actor.hex(), "job": core.get_current_job_id().hex()}
+    name = ""
+    try:
+        name = core.get_current_task_name() or ""
+    except AttributeError:
+        pass
+    return {"kind": "task", "name": name or "task", "id": core.get_current_task_id().hex(),
+            "job": core.get_current_job_id().hex()}
+
+
+def split_gpu_grant(ids: dict[str, list[tuple[int, float]]]) -> tuple[list[tuple[int, float]], str | None, int | None]:
+    """The GPU part of a grant: ``([(slot, fraction)], placement group hex or None, bundle index or None)``.
+
+    A placement-group grant names its slots twice (the bundle's ``GPU_group_<i>_<pg>``
+    and the wildcard ``GPU_group_<pg>``); they are the same instances.
+    """
+    slots: dict[int, float] = {}
+    pg = bundle = None
+    for name, assigned in ids.items():
+        if name == GPU:
+            for s, f in assigned:
+                slots[int(s)] = float(f)
+            continue
+        m = _PG_INDEXED.match(name)
+        if m:
+            bundle, pg = int(m.group(1)), m.group(2)
+            for s, f in assigned:
+                slots[int(s)] = float(f)
+            continue
+        m = _PG_WILDCARD.match(name)
+        if m:
+            pg = m.group(1)
+            for s, f in assigned:
+                slots.setdefault(int(s), float(f))
+    return sorted(slots.items()), pg, bundle
+
+
+def pg_gpus_on_node(pg_hex: str, node_id: str) -> dict[int, float] | None:
+    """GPUs of each bundle of placement group ``pg_hex`` placed on ``node_id`` (None when the group is gone)."""
+    from ray._private import state
+
+    table = state.state.placement_group_table(_pg_id(pg_hex))
+    if not table or table.get("state") == "REMOVED":
+        return None
+    out = {}
+    where = table.get("bundles_to_node_id") or {}
+    for idx, res in (table.get("bundles") or {}).items():
+        if where.get(idx) == node_id and res.get(GPU):
+            out[int(idx)] = float(res[GPU])
+    return out
+
+
+def _pg_id(pg_hex: str) -> Any:
+    from ray._raylet import PlacementGroupID
+
+    return PlacementGroupID(bytes.fromhex(pg_hex))
+
+
+def node_id(worker: Any) -> str:
+    """Hex id of the worker's node."""
+    return worker.core_worker.get_current_node_id().hex()
+
+
+def install(get_ids: Callable, after_set_visible: Callable) -> bool:
+    """Wrap Ray's GPU-id function and visible-devices setter in this (worker) process (idempotent).
+
+    ``get_ids(original, worker, resource_name, regex)`` replaces
+    ``Worker.get_accelerator_ids_for_accelerator_resource``; ``after_set_visible(saved)``
+    runs after ``set_visible_accelerator_ids`` and returns the (extended) saved variables.
+
+    Returns:
+        True when installed now, False when it already was.
+    """
+    global _PATCHED
+    if _PATCHED:
+        return False
+    from ray._private import utils
+
+    cls = worker_class()
+    original = cls.get_accelerator_ids_for_accelerator_resource
+
+    @functools.wraps(original)
+    def patched(self, resource_name, resource_regex):
+        return get_ids(original, self, resource_name, resource_regex)
+
+    cls.get_accelerator_ids_for_accelerator_resource = patched
+    orig_set = utils.set_visible_accelerator_ids
+
+    @functools.wraps(orig_set)
+    def set_visible():
+        return after_set_visible(orig_set())
+
+    utils.set_visible_accelerator_ids = set_visible
+    _PATCHED = True
+    return True
+
+
+def available_resources_per_node() -> dict[str, dict[str, float]]:
+    """Every alive node's available resources (one GCS request)."""
+    from ray._private import state
+
+    return state.available_resources_per_node()
+
+
+def total_resources_per_node() -> dict[str, dict[str, float]]:
+    """Every alive node's total resources (one GCS request)."""
+    from ray._private import state
+
+    return state.total_resources_per_node()
+
+
+def kv() -> Any:
+    """``ray.experimental.internal_kv``, or None when this process is not connected."""
+    from ray.experimental import internal_kv
+
+    if not internal_kv._internal_kv_initialized():
+        return None
+    return internal_kv
+
+
+def kv_get(key: str, namespace: str) -> bytes | None:
+    return kv()._internal_kv_get(key, namespace=namespace)
+
+
+def kv_put(key: str, value: str | bytes, namespace: str) -> None:
+    kv()._internal_kv_put(key, value, overwrite=True, namespace=namespace)
+
+
+def kv_del(key: str, namespace: str) -> None:
+    kv()._internal_kv_del(key, namespace=namespace)
+
+
+def kv_list(prefix: str, namespace: str) -> list[str]:
+    keys = kv()._internal_kv_list(prefix, namespace=namespace)
+    return sorted(k.decode() if isinstance(k, bytes) else k for k in keys)
+
+
+def session_dir() -> str | None:
+    """The Ray session directory of this process's node, or None."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    if node is None:
+        return None
+    return node.get_session_dir_path()
+
+
+def kv_multi_get(keys: list[str], namespace: str) -> dict[str, bytes]:
+    """Several keys in one GCS request (missing keys are absent from the result)."""
+    from ray.experimental import internal_kv
+
+    client = internal_kv.internal_kv_get_gcs_client()
+    got = client.internal_kv_multi_get([k.encode() for k in keys], namespace.encode())
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in got.items()}

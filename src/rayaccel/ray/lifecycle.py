@@ -1,0 +1,408 @@
+"""``rayaccel start`` / ``rayaccel stop``: Ray nodes that rayaccel starts, and stops again -- only those.
+
+:func:`start_node` runs ``ray start`` with the node's resources, labels and hook
+environment (:mod:`.node`), records the Ray processes that appeared for it (pid,
+start time, name; in ``processes.json`` of the node directory), publishes the
+node's record and starts its agent through a short-lived driver. If publication
+fails, exactly those processes are stopped again.
+
+:func:`stop_node` stops the processes recorded for one node (SIGTERM, then SIGKILL
+after a grace period; a pid is only signalled while its start time still matches,
+so a reused pid is never hit) and their descendants. It never runs ``ray stop``,
+which would stop every Ray process of the machine, other people's clusters included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ClusterError
+from ..topology import NodeTopology
+
+PROCESSES = "processes.json"
+#: SIGTERM, then this long before SIGKILL, seconds.
+STOP_GRACE_S = 5.0
+_RAY_NAMES = ("raylet", "gcs_server", "monitor.py", "dashboard", "log_monitor", "runtime_env", "agent",
+              "client.server", "default_worker", "ray::")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalNode:
+    """A node rayaccel started on this machine (from its ``processes.json``)."""
+
+    node_key: str
+    directory: Path
+    address: str | None
+    head: bool
+    pids: tuple[tuple[int, int, str], ...]
+    started: float
+
+    @property
+    def alive(self) -> bool:
+        """True while any recorded process still runs."""
+        return any(_start_time(p) == t for p, t, _ in self.pids)
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(rest[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _my_ray_processes() -> dict[int, tuple[int, str]]:
+    """pid -> (start time, cmdline) of this user's processes that look like Ray's."""
+    out = {}
+    uid = os.getuid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+        except OSError:
+            continue
+        cmd = _cmdline(pid)
+        if not cmd or not any(n in cmd for n in _RAY_NAMES):
+            continue
+        t = _start_time(pid)
+        if t is not None:
+            out[pid] = (t, cmd)
+    return out
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = True
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return out
+
+
+def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[str], *,
+                      simulated: bool) -> list[str]:
+    """The ``ray start`` command line for a node advertising ``topology``.
+
+    Raises:
+        ClusterError: ``--num-gpus`` given (rayaccel sets it from the topology), ``--resources``
+            that is not a JSON object of numbers or names a resource rayaccel manages.
+    """
+    from .names import node_labels, node_resources
+
+    args = list(ray_args)
+    gpus = _flag_value(args, "--num-gpus")
+    num_gpus, res = node_resources(topology, node_key)
+    if gpus is not None and gpus != str(num_gpus):
+        raise ClusterError(f"--num-gpus={gpus}: rayaccel sets --num-gpus={num_gpus} from the topology "
+                           f"(its GPU pool); drop the flag")
+    args = _without(args, "--num-gpus")
+    user_res = _flag_value(args, "--resources")
+    if user_res is not None:
+        try:
+            extra = json.loads(user_res)
+        except (ValueError, RecursionError) as e:
+            raise ClusterError(f"--resources is not valid JSON ({e}); expected an object such as "
+                               "'{\"my_res\": 2}'") from None
+        if not isinstance(extra, dict):
+            raise ClusterError(f"--resources must be a JSON object such as '{{\"my_res\": 2}}', got "
+                               f"{type(extra).__name__}")
+        for k, v in extra.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e15:
+                raise ClusterError(f"--resources: {k!r} must be a number >= 0, got {v!r}")
+        clash = sorted(k for k in extra if k in res or k in ("GPU", "CPU") or k.startswith(("mig_", "rayaccel_")))
+        if clash:
+            raise ClusterError(f"--resources names {clash[0]!r}, which rayaccel (or --num-cpus/--num-gpus) sets")
+        res.update(extra)
+        args = _without(args, "--resources")
+    labels = node_labels(topology, node_key, simulated=simulated)
+    user_labels = _flag_value(args, "--labels")
+    if user_labels:
+        args = _without(args, "--labels")
+        for item in user_labels.split(","):
+            if "=" in item:
+                k, v = item.split("=", 1)
+                if k.strip().startswith("rayaccel.io/"):
+                    raise ClusterError(f"--labels: {k.strip()!r} is set by rayaccel")
+                labels[k.strip()] = v.strip()
+    label_text = ",".join(f"{k}={v}" for k, v in labels.items())
+    return ["ray", "start", *args, f"--num-gpus={num_gpus}", f"--resources={json.dumps(res)}",
+            f"--labels={label_text}"]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """What :func:`start_node` did."""
+
+    record: object
+    address: str
+    head: bool
+    processes: int
+    published: bool
+
+
+def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None = None,
+               *, publish: bool = True, timeout_s: float = 120.0) -> Started:
+    """Start this machine's rayaccel node (see module docstring).
+
+    Args:
+        ray_args: ``ray start`` flags passed through (``--head``, ``--address=...``, ``--port`` ...).
+        topology: simulate this topology instead of discovering.
+        publish: write the record into the GCS KV and start the node's agent.
+
+    Raises:
+        ClusterError: ``ray start`` failed, or publication failed (the node is stopped again).
+    """
+    from . import nodedir
+    from .node import node_env, node_topology, prepare
+
+    topo, simulated = node_topology(topology)
+    record, directory = prepare(topo, simulated)
+    head = "--head" in ray_args
+    try:
+        cmd = ray_start_command(topo, record.node_key, ray_args, simulated=simulated)
+    except BaseException:
+        nodedir.remove(directory)
+        raise
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.update(node_env(topo, record.node_key, directory, base=env))
+    if simulated and topology is not None and isinstance(topology, str):
+        env["RAYACCEL_TOPOLOGY"] = topology
+    before = _my_ray_processes()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop_new(before)
+        nodedir.remove(directory)
+        raise ClusterError(f"`ray start` did not finish within {timeout_s:.0f} s (stopped what it started)") from None
+    except FileNotFoundError:
+        nodedir.remove(directory)
+        raise ClusterError("the `ray` command is not on PATH (pip install 'ray==2.60.*')") from None
+    if proc.returncode != 0:
+        _stop_new(before)
+        nodedir.remove(directory)
+        raise ClusterError(f"`{shlex.join(cmd[:3])} ...` failed (exit {proc.returncode}): "
+                           f"{_last_error(proc.stderr or proc.stdout)}")
+    address = _flag_value(ray_args, "--address") or _address_from(proc.stdout + proc.stderr) or "auto"
+    pids = _new_processes(before, record.node_key)
+    _save_processes(directory, record.node_key, address, head, pids)
+    if publish:
+        err = _publish(record, address, env)
+        if err:
+            stop_local(_local(directory))
+            raise ClusterError(f"the node started but could not be published at {address}, so it was stopped "
+                               f"again: {err}")
+    return Started(record, address, head, len(pids), publish)
+
+
+def _last_error(text: str) -> str:
+    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    errs = [l for l in lines if "Error" in l or "error" in l]
+    return (errs[-1] if errs else (lines[-1] if lines else "no output"))[-500:]
+
+
+def _address_from(text: str) -> str | None:
+    m = re.search(r"--address='([^']+)'", text)
+    return m.group(1) if m else None
+
+
+def _new_processes(before: dict, node_key: str) -> list[tuple[int, int, str]]:
+    """The Ray processes that appeared since ``before`` (waits briefly for the raylet's helpers)."""
+    deadline = time.monotonic() + 2.0
+    found: dict[int, tuple[int, str]] = {}
+    while True:
+        now = _my_ray_processes()
+        found = {p: v for p, v in now.items() if p not in before or before[p][0] != v[0]}
+        if any("raylet" in v[1] and node_key in v[1] for v in found.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return sorted((p, t, _short(cmd)) for p, (t, cmd) in found.items())
+
+
+def _short(cmd: str) -> str:
+    first = cmd.split(" ", 1)[0]
+    for n in ("raylet", "gcs_server", "monitor.py", "dashboard.py", "log_monitor.py", "agent.py",
+              "runtime_env", "default_worker.py"):
+        if n in cmd:
+            return n
+    return os.path.basename(first)[:40]
+
+
+def _stop_new(before: dict) -> None:
+    """Stop what appeared since ``before`` (a failed start)."""
+    now = _my_ray_processes()
+    _signal_all([(p, t) for p, (t, _) in now.items() if p not in before], signal.SIGTERM)
+
+
+def _save_processes(directory: Path, node_key: str, address: str, head: bool, pids: list) -> None:
+    data = {"node_key": node_key, "address": address, "head": head, "started": time.time(),
+            "pids": [list(p) for p in pids]}
+    tmp = directory / f".{PROCESSES}.tmp"
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, directory / PROCESSES)
+
+
+def _publish(record, address: str, env: dict) -> str | None:
+    """Publish the record and start the agent from a short-lived driver; return an error or None."""
+    code = ("import sys, ray\n"
+            "from rayaccel.ray import agent, kv\n"
+            "from rayaccel.ray.names import NodeRecord, node_resource\n"
+            "rec = NodeRecord.from_json(sys.stdin.read())\n"
+            "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
+            "marker = node_resource(rec.node_key)\n"
+            "ids = [n['NodeID'] for n in ray.nodes() if n.get('Alive') and marker in n.get('Resources', {})]\n"
+            "assert ids, 'the node did not join the cluster'\n"
+            "kv.publish(rec)\n"
+            "agent.start(rec.node_key, ids[0])\n"
+            "ray.shutdown()\n")
+    drv_env = {k: v for k, v in env.items() if not k.startswith(("RAYACCEL_NODE", "RAY_preload"))}
+    try:
+        pub = subprocess.run([sys.executable, "-c", code, address], input=record.to_json(), env=drv_env,
+                             capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "publishing did not finish within 120 s"
+    if pub.returncode != 0:
+        return _last_error(pub.stderr)
+    return None
+
+
+def _local(directory: Path) -> LocalNode:
+    data = json.loads((directory / PROCESSES).read_text())
+    return LocalNode(node_key=data["node_key"], directory=directory, address=data.get("address"),
+                     head=bool(data.get("head")), pids=tuple((int(p), int(t), str(n)) for p, t, n in data["pids"]),
+                     started=float(data.get("started", 0.0)))
+
+
+def local_nodes() -> list[LocalNode]:
+    """Nodes rayaccel started on this machine (as this user) that still have a record."""
+    from . import nodedir
+
+    out = []
+    base = nodedir.base_dir()
+    for d in sorted(base.iterdir()):
+        if (d / PROCESSES).is_file():
+            try:
+                out.append(_local(d))
+            except (ValueError, KeyError, TypeError, OSError):
+                continue
+    return out
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            pp = _ppid(int(name))
+            if pp is not None:
+                kids.setdefault(pp, []).append(int(name))
+    out, todo = set(), list(roots)
+    while todo:
+        p = todo.pop()
+        for c in kids.get(p, ()):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _signal_all(pids: list[tuple[int, int]], sig: int) -> None:
+    for pid, t in pids:
+        if _start_time(pid) == t:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def stop_local(node: LocalNode, *, force: bool = False, grace_s: float = STOP_GRACE_S) -> int:
+    """Stop one node's recorded processes and their descendants; return how many were running."""
+    from . import nodedir
+
+    alive = [(p, t) for p, t, _ in node.pids if _start_time(p) == t]
+    kids = [(c, _start_time(c)) for c in _descendants({p for p, _ in alive})]
+    kids = [(c, t) for c, t in kids if t is not None]
+    targets = alive + kids
+    _signal_all(targets, signal.SIGKILL if force else signal.SIGTERM)
+    deadline = time.monotonic() + (0 if force else grace_s)
+    while time.monotonic() < deadline and any(_start_time(p) == t for p, t in targets):
+        time.sleep(0.1)
+    _signal_all(targets, signal.SIGKILL)
+    nodedir.remove(node.directory)
+    return len(alive)
+
+
+def pick(node_key: str | None = None, address: str | None = None) -> list[LocalNode]:
+    """The local node(s) a ``rayaccel stop`` means.
+
+    Raises:
+        ClusterError: none match, or several do and none was named.
+    """
+    nodes = local_nodes()
+    if node_key is not None:
+        nodes = [n for n in nodes if n.node_key == node_key]
+    if address is not None:
+        nodes = [n for n in nodes if n.address == address]
+    if not nodes:
+        what = f" with node key {node_key}" if node_key else f" at {address}" if address else ""
+        raise ClusterError(f"no node{what} was started by `rayaccel start` on this machine "
+                           f"(nodes started with plain `ray start` are stopped with `ray stop`)")
+    if len(nodes) > 1 and node_key is None and address is None:
+        listing = ", ".join(f"{n.node_key} ({'head' if n.head else 'worker'} at {n.address})" for n in nodes)
+        raise ClusterError(f"{len(nodes)} rayaccel nodes run on this machine: {listing}; say which with "
+                           f"--node KEY or --address HOST:PORT")
+    return nodes

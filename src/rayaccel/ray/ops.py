@@ -1,0 +1,120 @@
+"""Operator actions on a running cluster: connect (bounded), stop the whole cluster.
+
+Used by the CLI (``status``, ``top``, ``doctor``, ``drain``, ``stop --all``): every
+command that reaches a cluster answers within :data:`CONNECT_TIMEOUT_S` when the
+address cannot be reached, with one line saying why and what would be right.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import threading
+from typing import Any
+
+from ..errors import ClusterError
+
+CONNECT_TIMEOUT_S = 10.0
+_ADDR = re.compile(r"^(?:ray://)?(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def parse_address(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port`` / ``ray://host:port``; None for ``auto``.
+
+    Raises:
+        ClusterError: anything else (names what would be right).
+    """
+    if not isinstance(address, str) or not address or len(address) > 300:
+        raise ClusterError(f"bad address {str(address)[:60]!r}: expected 'auto' or HOST:PORT")
+    if address == "auto":
+        return None
+    m = _ADDR.match(address)
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise ClusterError(f"bad address {address[:60]!r}: expected 'auto' or HOST:PORT such as 127.0.0.1:6379 "
+                           f"(the head's address printed by `rayaccel start --head`)")
+    return m.group(1).strip("[]"), int(m.group(2))
+
+
+def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, **kwargs: Any) -> None:
+    """``ray.init(address=...)`` as a driver that answers within ``timeout_s`` (SIGTERM ends it at once).
+
+    Raises:
+        ClusterError: bad or unreachable address, or Ray did not connect in time.
+    """
+    import os
+
+    hp = parse_address(address)
+    if hp is not None and not address.startswith("ray://"):
+        try:
+            with socket.create_connection(hp, timeout=min(3.0, timeout_s)):
+                pass
+        except OSError as e:
+            raise ClusterError(f"cannot reach Ray at {address}: {e.strerror or e} (is a head node running there? "
+                               f"start one with `rayaccel start --head`)") from None
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            from .node import init
+
+            init(address=address, logging_level="ERROR", log_to_driver=False, **kwargs)
+            box["ok"] = True
+        except Exception as e:  # noqa: BLE001 - reported below as one line
+            box["error"] = e
+
+    old = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    try:
+        t = threading.Thread(target=run, daemon=True, name="rayaccel-connect")
+        t.start()
+        t.join(timeout_s)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, old)
+    if t.is_alive():
+        raise ClusterError(f"Ray at {address} did not answer within {timeout_s:.0f} s (is it a Ray head's GCS "
+                           f"address? `rayaccel start --head` prints it)")
+    err = box.get("error")
+    if err is not None:
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ClusterError(f"cannot connect to Ray at {address!r}: {msg[:300]} (expected 'auto' on a node of the "
+                           f"cluster, or HOST:PORT of a head started with `rayaccel start --head`)")
+
+
+def stop_cluster(address: str, force: bool = False) -> list[str]:
+    """Stop every rayaccel node of the cluster at ``address``: each node's agent stops its own node, the head last.
+
+    Returns:
+        One line per node.
+    """
+    import ray
+
+    from . import agent, lifecycle
+    from .node import shutdown
+    from .view import view
+
+    connect(address)
+    lines = []
+    try:
+        nodes = view().nodes(fresh=True)
+        here = {n.node_key for n in lifecycle.local_nodes()}
+        head_id = ray.get_runtime_context().get_node_id()
+        remote = [n for n in nodes if n.node_key not in here and n.node_id != head_id]
+        for n in remote:
+            h = agent.handle(n.node_key)
+            if h is None:
+                lines.append(f"node {n.node_key}: no agent answered (stop it on its machine: rayaccel stop)")
+                continue
+            h.call.remote("stop_node", force)  # the agent stops its own raylet: no answer comes back
+            lines.append(f"node {n.node_key}: asked its agent to stop it")
+        for n in nodes:
+            if n.node_key in here:
+                lines.append(f"node {n.node_key}: stopping (this machine)")
+    finally:
+        shutdown()
+    for n in sorted(lifecycle.local_nodes(), key=lambda n: n.head):  # workers before the head
+        count = lifecycle.stop_local(n, force=force)
+        lines.append(f"node {n.node_key}: stopped {count} recorded Ray process(es)")
+    return lines
