@@ -241,7 +241,7 @@ def node_state(view: NodeView, claims: Claims | None = None, *, idle: bool = Fal
 
     topo = view.topology
     pool = set(gpu_pool(topo))
-    busy = set(topo.indices) - pool
+    busy = {d.index for d in topo.devices if d.health == "failed"}  # MIG-mode devices: placement knows them
     parts: set[str] = set()
     st = view.state or {}
     for d in st.get("drained", ()):

@@ -1,0 +1,76 @@
+"""Ray's private API that rayaccel relies on is where ``_ray_private`` expects it, in the pinned Ray.
+
+If one of these fails after a Ray upgrade, rayaccel would misplace work silently:
+fix ``src/rayaccel/ray/_ray_private.py`` (and only it) before anything else.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import ray
+
+from rayaccel.ray import _ray_private as rp
+
+
+def test_pinned_ray_version():
+    assert ray.__version__.startswith("2.60."), f"rayaccel is checked against Ray 2.60, this is {ray.__version__}"
+
+
+def test_the_gpu_id_function_has_the_signature_the_hook_wraps():
+    fn = rp.worker_class().get_accelerator_ids_for_accelerator_resource
+    assert list(inspect.signature(fn).parameters) == ["self", "resource_name", "resource_regex"]
+    # every public view of the grant goes through it
+    src = inspect.getsource(ray._private.worker.get_gpu_ids)
+    assert "get_accelerator_ids_for_accelerator_resource" in src
+    src = inspect.getsource(ray.runtime_context.RuntimeContext.get_accelerator_ids)
+    assert "get_accelerator_ids_for_accelerator_resource" in src
+
+
+def test_set_visible_accelerator_ids_reads_the_runtime_context():
+    from ray._private import utils
+
+    assert hasattr(utils, "set_visible_accelerator_ids")
+    src = inspect.getsource(utils.set_visible_accelerator_ids)
+    assert "get_accelerator_ids()" in src and "set_current_process_visible_accelerator_ids" in src
+
+
+def test_default_worker_imports_preload_modules_before_its_loop():
+    from ray._private.workers import default_worker
+
+    src = inspect.getsource(default_worker)
+    assert "--worker-preload-modules" in src and "try_import_each_module" in src
+    assert src.index("try_import_each_module") < src.index("worker.main_loop()")
+
+
+def test_the_raylet_knows_the_configs_rayaccel_sets():
+    import os
+
+    raylet = os.path.join(os.path.dirname(ray.__file__), "core", "src", "ray", "raylet", "raylet")
+    with open(raylet, "rb") as f:
+        blob = f.read()
+    assert b"preload_python_modules" in blob and b"custom_unit_instance_resources" in blob
+    for name in rp.UNIT_INSTANCE_DEFAULT:  # the default list rayaccel repeats when it extends it
+        assert name.encode() in blob
+
+
+def test_grant_parsing_of_placement_group_resources():
+    gpu, pg, bundle = rp.split_gpu_grant({
+        "GPU_group_1_0a1b": [(3, 1.0)], "GPU_group_0a1b": [(3, 1.0)], "bundle_group_1_0a1b": [(0, 0.001)]})
+    assert gpu == [(3, 1.0)] and pg == "0a1b" and bundle == 1
+    assert rp.split_gpu_grant({"GPU": [(0, 0.5)]}) == ([(0, 0.5)], None, None)
+
+
+def test_state_and_kv_functions_exist():
+    from ray._private import state
+    from ray.experimental import internal_kv
+
+    for name in ("available_resources_per_node", "total_resources_per_node"):
+        assert callable(getattr(state, name))
+    assert callable(state.state.placement_group_table)
+    for name in ("_internal_kv_get", "_internal_kv_put", "_internal_kv_del", "_internal_kv_list",
+                 "internal_kv_get_gcs_client", "_internal_kv_initialized"):
+        assert callable(getattr(internal_kv, name))
+    from ray._raylet import InnerGcsClient, PlacementGroupID
+
+    assert hasattr(InnerGcsClient, "internal_kv_multi_get") and PlacementGroupID
