@@ -29,9 +29,10 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _ALLOWED = "bytes as an int, or e.g. '20GiB', '512MiB', '1.5GB'"
 
 
-def shorten(value: object, limit: int = 40) -> str:
-    """``repr(value)``, cut to about ``limit`` characters (``'xxxx…' (5000 characters)``) for messages."""
-    text = repr(value)
+def shorten(value: object, limit: int = 40, *, quote: bool = True) -> str:
+    """``repr(value)`` (``str(value)`` when not ``quote``), cut to about ``limit`` characters
+    (``'xxxx…' (5000 characters)``) for messages."""
+    text = repr(value) if quote else str(value)
     if len(text) <= limit:
         return text
     size = f" ({len(value)} characters)" if isinstance(value, str) else ""
