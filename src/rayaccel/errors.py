@@ -78,11 +78,14 @@ class BackendUnavailable(BackendError):
 
     Attributes:
         reason: what is missing. hint: what to install or set.
+        reasons: for automatic discovery (backend ``"auto"``), ``(backend, reason)`` of
+            every backend that was tried; empty otherwise.
     """
 
-    def __init__(self, backend: str, reason: str, hint: str = ""):
+    def __init__(self, backend: str, reason: str, hint: str = "", reasons: tuple[tuple[str, str], ...] = ()):
         self.reason = reason
         self.hint = hint
+        self.reasons = tuple(reasons)
         msg = f"unavailable: {reason}" + (f" (hint: {hint})" if hint else "")
         super().__init__(msg, backend=backend)
 

@@ -6,11 +6,12 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import RayaccelError
 from ..transfer import MODEL, Endpoint, plan
 from ..units import format_bytes, parse_bytes
-from ._common import console, fail, print_json
+from ._common import console, fail, plain, print_json
 
 LOCAL = "local"
 
@@ -54,9 +55,9 @@ def register(topo_app: typer.Typer) -> None:
             if topology is not None:
                 local = load_topology(topology)
             else:
-                from ..discovery import discover
+                from .topo import discover_here
 
-                local = discover()
+                local = discover_here()
             remote = load_topology(remote_topology) if remote_topology is not None else local
             topos = {LOCAL: local}
             a = _endpoint(src, LOCAL, topos, "A")
@@ -73,12 +74,12 @@ def register(topo_app: typer.Typer) -> None:
         t = Table(show_header=False, box=None, pad_edge=False)
         t.add_column(style="bold")
         t.add_column()
-        t.add_row("route", f"[bold cyan]{p.route}[/]")
-        t.add_row("path", " -> ".join(p.hops))
+        t.add_row("route", Text(str(p.route), style="bold cyan"))
+        t.add_row("path", plain(" -> ".join(p.hops)))
         t.add_row("bytes", format_bytes(p.nbytes))
         t.add_row("bandwidth", f"{p.bandwidth_gbps:g} GB/s (modeled, per direction)")
         t.add_row("time", f"{_seconds(p.seconds)} (latency {_seconds(p.latency_s)} + bytes / bandwidth)")
-        t.add_row("why", p.reason)
+        t.add_row("why", plain(p.reason))
         console.print(t)
         console.print(f"[dim]model constants: rayaccel.transfer.MODEL ({len(MODEL)} values); "
                       "link bandwidths: rayaccel.topology tables[/]")
