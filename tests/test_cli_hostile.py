@@ -25,7 +25,7 @@ from rayaccel.topology import NodeTopology
 
 runner = CliRunner()
 NINES = "9" * 400
-SRC = str(Path(__file__).resolve().parent.parent / "src")
+SRC = str(Path(__import__("rayaccel").__file__).resolve().parents[1])  # the rayaccel under test
 
 
 def _one_error_line(r, expect: str) -> str:
