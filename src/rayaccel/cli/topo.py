@@ -309,7 +309,8 @@ def discover_here(backend: Optional[str] = None) -> NodeTopology:
 
 
 def check_picture_paths(svg: Optional[Path], png: Optional[Path]) -> None:
-    """Reject a ``--svg``/``--png`` path with the wrong suffix or that is a directory, before any work.
+    """Reject a ``--svg``/``--png`` path with the wrong suffix, a directory, or one in a folder that
+    cannot be written (:func:`rayaccel.viz.check_output_file`), before any work.
 
     Raises:
         typer.Exit: after printing ``error: ...`` (exit code 2).
@@ -321,6 +322,12 @@ def check_picture_paths(svg: Optional[Path], png: Optional[Path]) -> None:
             fail(f"--{suffix[1:]} {path}: the file name must end in {suffix}")
         if path.is_dir():
             fail(f"--{suffix[1:]} {path}: is a directory; expected a file name ending in {suffix}")
+        from ..viz import check_output_file
+
+        try:
+            check_output_file(path, suffixes=None)
+        except RayaccelError as e:
+            fail(f"--{suffix[1:]} {e}")
 
 
 def _pictures(topo: NodeTopology, svg: Optional[Path], png: Optional[Path]) -> None:
