@@ -385,9 +385,9 @@ class NodeTopology:
         for i, l in enumerate(self.links):
             where = f"links[{i}]"
             if l.kind not in LINK_KINDS:
-                raise TopologyError(f"unknown kind {l.kind!r}, expected one of {', '.join(LINK_KINDS)}", f"{where}.kind")
+                raise TopologyError(f"unknown kind {_short(l.kind)}, expected one of {', '.join(LINK_KINDS)}", f"{where}.kind")
             if l.pcie is not None and l.pcie not in PCIE_CLASSES:
-                raise TopologyError(f"unknown PCIe class {l.pcie!r}, expected one of {', '.join(PCIE_CLASSES)} or null", f"{where}.pcie")
+                raise TopologyError(f"unknown PCIe class {_short(l.pcie)}, expected one of {', '.join(PCIE_CLASSES)} or null", f"{where}.pcie")
             if l.kind == "pcie" and l.pcie is None:
                 raise TopologyError("a pcie link needs its path class", f"{where}.pcie")
             _check_int(l.a, f"{where}.a", 0, MAX_INDEX - 1)
@@ -453,7 +453,7 @@ class NodeTopology:
             raise TopologyError(f"expected a JSON object, got {type(data).__name__}")
         schema = data.get("schema")
         if schema != SCHEMA:
-            raise TopologyError(f"expected {SCHEMA!r}, got {schema!r}", "schema")
+            raise TopologyError(f"expected {SCHEMA!r}, got {_short(schema)}", "schema")
         devs = _get(data, "devices", list, "")
         links = _get(data, "links", list, "", default=[])
         nics = _get(data, "nics", list, "", default=[])

@@ -315,13 +315,17 @@ def check_picture_paths(svg: Optional[Path], png: Optional[Path]) -> None:
     Raises:
         typer.Exit: after printing ``error: ...`` (exit code 2).
     """
+    from ..discovery.load import path_kind
+    from ..units import shorten
+
     for path, suffix in ((svg, ".svg"), (png, ".png")):
         if path is None:
             continue
+        shown = shorten(path, 200, quote=False)
         if path.suffix.lower() != suffix:
-            fail(f"--{suffix[1:]} {path}: the file name must end in {suffix}")
-        if path.is_dir():
-            fail(f"--{suffix[1:]} {path}: is a directory; expected a file name ending in {suffix}")
+            fail(f"--{suffix[1:]} {shown}: the file name must end in {suffix}")
+        if path_kind(path)[0] == "dir":
+            fail(f"--{suffix[1:]} {shown}: is a directory; expected a file name ending in {suffix}")
         from ..viz import check_output_file
 
         try:
@@ -402,11 +406,17 @@ def register(app: typer.Typer) -> typer.Typer:
 
         if name is not None and not name.strip():
             fail("--name: empty; expected a name for the imported topology, e.g. --name dgx-a100-rack3")
+        from ..discovery.load import path_kind
+        from ..units import shorten
+
         for f in files:
-            if f.is_dir():
-                fail(f"{f}: is a directory; expected a capture file or a topology JSON file")
-            if not f.is_file():
-                fail(f"{f}: no such file; expected a capture file or a topology JSON file")
+            kind, why = path_kind(f)
+            shown = shorten(f, 200, quote=False)
+            if kind == "dir":
+                fail(f"{shown}: is a directory; expected a capture file or a topology JSON file")
+            if kind != "file":
+                what = "no such file" if why.startswith("tried ") else why
+                fail(f"{shown}: {what}; expected a capture file or a topology JSON file")
         check_picture_paths(svg, png)
         try:
             topo, warns = load_topology_with_warnings([str(f) for f in files], name=name)

@@ -88,7 +88,7 @@ def load_topology_with_warnings(source: Source, *, name: str | None = None) -> t
             if not isinstance(p, (str, os.PathLike)):
                 raise TopologyError(f"source {k}: expected a capture file path or capture text, got {type(p).__name__}")
         missing = [shorten(p, 200, quote=False) for p in items
-                   if not _is_text_capture_arg(p) and _path_kind(Path(p))[0] != "file"]
+                   if not _is_text_capture_arg(p) and path_kind(Path(p))[0] != "file"]
         if missing:
             raise CaptureError(f"not a file: {', '.join(missing)} (several sources must all be capture files)", missing[0])
         for p in items:
@@ -101,7 +101,7 @@ def load_topology_with_warnings(source: Source, *, name: str | None = None) -> t
     )
 
 
-def _path_kind(path: Path) -> tuple[str | None, str]:
+def path_kind(path: Path) -> tuple[str | None, str]:
     """``("file" | "dir" | "other" | None, why)`` without raising: None is absent or not usable as a path.
 
     ``why`` says what was found (for messages): ``"tried /abs/path"``, ``"too long for a file name"``,
@@ -157,7 +157,7 @@ def _load_one(source: str | os.PathLike, name: str | None) -> tuple[NodeTopology
         if key in catalog.names():
             return catalog.load(key), ()
     path = Path(source)
-    kind, why = _path_kind(path)
+    kind, why = path_kind(path)
     if kind == "dir":
         raise TopologyError(f"{shorten(path, 200, quote=False)}: is a directory; expected a topology JSON file or a text capture")
     if kind == "other":
