@@ -274,3 +274,16 @@ def test_plugins_do_not_break_other_topo_commands(broken_plugins):
     for args in (["topo", "list"], ["topo", "show", "-t", "dgx1-v100"], ["topo", "path", "0", "1", "-t", "dgx1-v100"]):
         r = runner.invoke(app, args)
         assert r.exit_code == 0 and "Traceback" not in r.output, (args, r.output)
+
+
+def test_topo_path_prints_capture_warnings_as_warning_lines(data_dir):
+    """Not as a Python warning naming a source line of rayaccel (``path.py:56: CaptureWarning: ...``)."""
+    import warnings
+
+    capture = str(data_dir / "captures" / "15_h100-8gpu-12nic-headerless-excerpt.txt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a Python warning would now be an exception
+        r = runner.invoke(app, ["topo", "path", "0", "1", "-t", capture])
+    assert r.exit_code == 0, (r.output, repr(r.exception))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines and all(ln.startswith("warning: ") for ln in lines), r.stderr

@@ -250,3 +250,17 @@ def test_found_neuron_memory_overflow():
 
 
 CAPTURES_BY_NAME = {p.name: p for p in CAPTURES}
+
+
+@pytest.mark.xfail(strict=True, reason="found by this suite (RAYACCEL_FUZZ=long): capture error messages echo a whole "
+                                       "damaged header row (4,500 characters for one long cell); the importers are the "
+                                       "placement engineer's (see NOTES-issue10.md). Remove this marker once fixed.")
+def test_found_capture_errors_echo_long_cells():
+    from rayaccel.discovery.capture import import_captures
+
+    lines = CAPTURES_BY_NAME["68_neuron-ls-trn1.32xlarge-16dev-collapsed-whitespace.txt"].read_text().splitlines()
+    header = next(i for i, ln in enumerate(lines) if "NEURON" in ln and "CONNECTED" in ln)
+    lines[header] = lines[header].replace("CONNECTED", "9" * 4000, 1)
+    with pytest.raises(RayaccelError) as e:
+        import_captures(["\n".join(lines) + "\n"])
+    assert len(str(e.value)) < 2000

@@ -11,7 +11,7 @@ from rich.text import Text
 from ..errors import RayaccelError
 from ..transfer import MODEL, Endpoint, plan
 from ..units import format_bytes, parse_bytes
-from ._common import console, fail, plain, print_json
+from ._common import console, fail, plain, print_json, warn_line
 
 LOCAL = "local"
 
@@ -28,6 +28,20 @@ def _endpoint(text: str, default_node: str, topologies: dict[str, object], which
         except ValueError:
             fail(f"{which}: cannot read {text!r}; expected a device index (3), 'host', or NODE:INDEX (nodeB:3)")
     return Endpoint(node, device, topologies.get(node, topologies[LOCAL]))  # type: ignore[arg-type]
+
+
+def _load(source: str):
+    """The topology of ``source``; capture warnings become ``warning:`` lines (not Python warnings).
+
+    Raises:
+        RayaccelError: as :func:`rayaccel.discovery.load.load_topology`.
+    """
+    from ..discovery.load import load_topology_with_warnings
+
+    topo, warns = load_topology_with_warnings(source)
+    for w in warns:
+        warn_line(w)
+    return topo
 
 
 def register(topo_app: typer.Typer) -> None:
@@ -49,16 +63,14 @@ def register(topo_app: typer.Typer) -> None:
     ) -> None:
         """Show the route bytes take from A to B (NVLink, PCIe P2P, staged, GPUDirect RDMA, TCP) and the modeled time."""
         try:
-            from ..discovery.load import load_topology
-
             size = parse_bytes(nbytes, "--bytes")
             if topology is not None:
-                local = load_topology(topology)
+                local = _load(topology)
             else:
                 from .topo import discover_here
 
                 local = discover_here()
-            remote = load_topology(remote_topology) if remote_topology is not None else local
+            remote = _load(remote_topology) if remote_topology is not None else local
             topos = {LOCAL: local}
             a = _endpoint(src, LOCAL, topos, "A")
             if a.node != LOCAL:
