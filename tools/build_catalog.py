@@ -14,9 +14,9 @@ Run from the repository root after editing a definition::
 The output is deterministic (UUIDs are uuid5 of machine name + index), so a
 second run produces byte-identical files.
 
-Facts and their sources are summarised in
-``../shared/research/topology-and-mig.md`` (§5) and the real captures in
-``../shared/captures`` (by file number).
+Every source a machine names is public: a URL, a public issue or document by name,
+or a real capture kept in this repository under ``tests/data/captures/`` (cited by
+that path, so ``rayaccel topo show`` never points outside the repository).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def machine(fn: Callable[[], tuple[NodeTopology, str]]) -> Callable[[], tuple[No
     return fn
 
 
-# DGX-1V hybrid cube-mesh, NVLink lanes per pair (research note §5 matrix; go-gpuallocator NewDGX1VoltaNode)
+# DGX-1V hybrid cube-mesh, NVLink lanes per pair (OneFlow DLPerf topo -m matrix; go-gpuallocator NewDGX1VoltaNode)
 _DGX1V_NV = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2, (2, 6): 1,
              (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2}
 
@@ -125,9 +125,9 @@ def dgx1_v100():
     nics = [nic(f"mlx5_{k}", k // 2, [(g, "PIX" if g // 2 == k else ("PHB" if sock(g) == k // 2 else "SYS")) for g in range(n)])
             for k in range(4)]
     t = NodeTopology(devices=tuple(devs), links=tuple(links(n, ln)), nics=tuple(nics), name="dgx1-v100", sources=(
-        "NVLink matrix: real nvidia-smi topo -m of a DGX-1 V100 in OneFlow DLPerf reports (research note §5)",
+        "NVLink matrix: real nvidia-smi topo -m of a DGX-1 V100 in OneFlow DLPerf reports (github.com/Oneflow-Inc/DLPerf)",
         "NVIDIA/go-gpuallocator gpuallocator/common_test.go NewDGX1VoltaNode (NV1/NV2 links; PIX within a GPU pair, PHB within a socket, SYS across)",
-        "Microway nvidia-smi guide §3.5, DGX-1 V100 topo -m with 4 mlx5 NICs and CPU affinity 0-19,40-59 | 20-39,60-79 (../shared/captures/13_dgx1-v100-8gpu-4mlx5-microway.txt)",
+        "Microway nvidia-smi guide §3.5, DGX-1 V100 topo -m with 4 mlx5 NICs and CPU affinity 0-19,40-59 | 20-39,60-79 (tests/data/captures/13_dgx1-v100-8gpu-4mlx5-microway.txt)",
         "NVIDIA/nccl issue #671 (DGX-1V PCIe switch 10b5:8764, 8 GT/s x16)",
         "assumption: 2x Xeon E5-2698 v4 (one NUMA node per socket); GPU memory 32 GiB (V100-SXM2-32GB variant)",
     ))
@@ -160,7 +160,7 @@ def dgx2_v100():
     nics = [nic(f"mlx5_{k}", 0 if k < 4 else 1, [(g, nic_path(k, g)) for g in range(n)]) for k in range(10)]
     t = NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("nvlink", 6, pcie(a, b)))), nics=tuple(nics),
                      name="dgx2-v100", sources=(
-        "NVIDIA/nccl-tests issue #78: DGX-2 nvidia-smi topo -m, 16 GPUs NV6 all pairs, 10 mlx5 (../shared/captures/72_dgx2-v100-16gpu-nv6-10mlx5-PARTIAL-issue-excerpt.txt)",
+        "NVIDIA/nccl-tests issue #78: DGX-2 nvidia-smi topo -m, 16 GPUs NV6 all pairs, 10 mlx5 (tests/data/captures/72_dgx2-v100-16gpu-nv6-10mlx5-PARTIAL-issue-excerpt.txt)",
         "capture 72 rows GPU0-3: mlx5_0/1 PIX/PXB, mlx5_2/3 NODE, mlx5_4-9 SYS; CPU affinity 0-23,48-71",
         "assumption (capture is cut after GPU4): the second socket mirrors the first (GPUs 8-15, CPUs 24-47,72-95, mlx5_6-9), mlx5_4/5 are socket-1 storage NICs",
         "GPU-GPU PCIe classes inferred from the shared NIC paths (PIX within a pair, PXB within a quad, NODE within a socket)",
@@ -182,7 +182,7 @@ def dgx_a100():
     nics += [nic(f"mlx5_{k}", None, [(g, "SYS") for g in range(n)]) for k in (8, 9)]
     t = NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("nvlink", 12, pcie(a, b)))), nics=tuple(nics),
                      name="dgx-a100", sources=(
-        "real nvidia-smi topo -m of a DGX A100: NV12 all pairs, 10 NICs, NUMA 3/1/7/5 (../shared/captures/01_dgx-a100-8gpu-10nic.txt)",
+        "real nvidia-smi topo -m of a DGX A100: NV12 all pairs, 10 NICs, NUMA 3/1/7/5 (tests/data/captures/01_dgx-a100-8gpu-10nic.txt)",
         "NVIDIA/nccl issue #1505: GPU0-1 NUMA 3, GPU2-3 NUMA 1, two PXB NICs per GPU pair",
         "NVIDIA/nccl-tests issue #228: nvidia-smi nvlink, 12 links x 25 GB/s per GPU; NCCL XML count=2 to each of 6 NVSwitches",
         "NVIDIA DGX A100 user guide: 2x EPYC 7742 in NPS4 (8 NUMA nodes), 8x compute + 2x storage ConnectX-6",
@@ -203,8 +203,8 @@ def _hgx_hopper(name: str, model: str, memory_mib: int, mig_key: str, extra_sour
     return NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("nvlink", 18, pcie(a, b)))), nics=tuple(nics),
                         name=name, sources=(
         "NVIDIA/nccl issue #1264: HGX H100 NV18 all pairs, GPUs 0-3 NUMA 0 / 4-7 NUMA 1, one PIX NIC per GPU",
-        "real DGX H100 nvidia-smi topo -m: NV18, CPU affinity 0-55,112-167 | 56-111,168-223 (../shared/captures/02_dgx-h100-8gpu-12nic-truncated.txt)",
-        "NVLink gen4: 18 links, 900 GB/s per GPU (juejin nvidia-smi nvlink article, research note §5)",
+        "real DGX H100 nvidia-smi topo -m: NV18, CPU affinity 0-55,112-167 | 56-111,168-223 (tests/data/captures/02_dgx-h100-8gpu-12nic-truncated.txt)",
+        "NVLink gen4: 18 links, 900 GB/s per GPU (juejin.cn nvidia-smi nvlink article)",
         "HAMi PR #2103: go-gpuallocator finds 0 of the 28 NV18 pairs on an 8xH100 NVSwitch box",
         *extra_sources, *MIG_SOURCES,
     ))
@@ -241,7 +241,7 @@ def gb200_nvl4():
         "NVLink5 runs 50 GB/s per link per direction (1.8 TB/s / 18 links / 2): links carry lane_gbps=50 "
         "(the table default of 25 GB/s is NVLink 2-4)",
         "assumption: one Grace (72 cores) per GPU pair = one NUMA node, one ConnectX-7 per GPU (PIX); memory 189471 MiB as nvidia-smi reports on GB200",
-        "no MIG table attached (B200-class MIG profiles are not in the research note)",
+        "no MIG table attached (no published B200-class MIG profile table was found)",
     ))
     return t, "NVIDIA GB200 NVL4 node (4x Blackwell GB200 GPUs, NVLink5 NV18 all pairs, 2 Grace CPUs; partly assumed)"
 
@@ -274,7 +274,7 @@ def l40s_4x_pcie():
     t = NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("pcie", None, "PIX" if a // 2 == b // 2 else "NODE"))),
                      hostname="firesim2", driver="580.126.18", name="l40s-4x-pcie", sources=(
         "real nvidia-smi topo -m of host firesim2, 4x NVIDIA L40S, driver 580.126.18: PIX pairs 0-1 and 2-3, NODE between, "
-        "CPU affinity 0-15,32-47, NUMA 0 (../shared/captures/23_l40s-4gpu-pix-node-nolegend.txt)",
+        "CPU affinity 0-15,32-47, NUMA 0 (tests/data/captures/23_l40s-4gpu-pix-node-nolegend.txt)",
         "L40S: 48 GB GDDR6 (46068 MiB as nvidia-smi reports), compute capability 8.9; PCI bus ids assumed",
     ))
     return t, "4x NVIDIA L40S PCIe (PIX pairs, NODE between pairs, 1 NUMA node)"
@@ -287,7 +287,7 @@ def a100_pcie_2x_nvbridge():
                    cpu=lambda i: "0-23" if i == 0 else "24-47", bus=bus_ids("17", "65"), mig=MIG["A100-80GB"])
     t = NodeTopology(devices=tuple(devs), links=(Link(0, 1, "nvlink", 12, "SYS"),), name="a100-pcie-2x-nvbridge", sources=(
         "nvidia-smi topo --matrix of 4x A100 80GB PCIe in NV12 bridge pairs, one NUMA node per GPU, SYS between pairs "
-        "(../shared/captures/30_a100-80gb-pcie-4gpu-nv12-pairs-4numa.txt); this machine is one such pair",
+        "(tests/data/captures/30_a100-80gb-pcie-4gpu-nv12-pairs-4numa.txt); this machine is one such pair",
         "NVIDIA/nccl-tests issue #178: A100 PCIe NV12 pair all_reduce busbw 208 GB/s, ~20 GB/s once a non-NVLink pair is involved",
         "k8s-device-plugin issue #546: NV12 bridge pairs with SYS elsewhere",
         *MIG_SOURCES,
@@ -309,9 +309,9 @@ def mi300x_8x():
         "(128 GB/s bidirectional = 64 GB/s per direction per link: links carry lane_gbps=64; the xGMI table default "
         "of 50 GB/s is MI250's)",
         "rocm-smi --showtopo of an 8-GPU MI300-class box: XGMI all pairs, weight 15, hops 1, GPUs 0-3 NUMA 0 / 4-7 NUMA 1 "
-        "(../shared/captures/59_rocm-smi-showtopo-mi300-class-8gpu-xgmi-lowpower-warning.txt)",
+        "(tests/data/captures/59_rocm-smi-showtopo-mi300-class-8gpu-xgmi-lowpower-warning.txt)",
         "assumption: 2x EPYC 9654 (96 cores each, SMT on), 192 GB HBM3 per GPU (196608 MiB); PCIe class under xGMI unknown (null); "
-        "no NICs listed (the capture shows none); the research note found no 8x MI300X topo matrix",
+        "no NICs listed (the capture shows none); no public 8x MI300X topology matrix was found",
     ))
     return t, "8x AMD Instinct MI300X (192 GB), xGMI all-to-all (1 link per pair), 2 NUMA nodes"
 
@@ -337,7 +337,7 @@ def trn1_32xlarge():
         return ("neuronlink", 1, None) if b in _TRN1_NEIGHBOURS[a] else None
     t = NodeTopology(devices=tuple(devs), links=tuple(links(n, ln)), name="trn1-32xlarge", sources=(
         "real neuron-ls on trn1.32xlarge: 16 devices, 2 NeuronCores and 32 GB each, CONNECTED DEVICES = 4 neighbours "
-        "(2D 4x4 torus with wrap-around), PCI BDFs (../shared/captures/68_neuron-ls-trn1.32xlarge-16dev-collapsed-whitespace.txt)",
+        "(2D 4x4 torus with wrap-around), PCI BDFs (tests/data/captures/68_neuron-ls-trn1.32xlarge-16dev-collapsed-whitespace.txt)",
         "AWS trn1 docs: 16 Trainium chips linked by NeuronLink-v2 in a 2D torus; 128 vCPUs on 2 sockets",
         "assumption: PCI buses 0x10/0x20 on socket 0, 0x90/0xa0 on socket 1; non-neighbour pairs have no link record",
     ))
@@ -358,7 +358,7 @@ def a100_mig():
     dev = replace(dev, mig_mode=True, partitions=(part("1g.5gb", 0, 7), part("1g.5gb", 1, 8), part("3g.20gb", 4, 2)))
     t = NodeTopology(devices=(dev,), name=name, sources=(
         "demo machine: one A100-SXM4-40GB in MIG mode with 2x 1g.5gb (starts 0 and 1) and 1x 3g.20gb (start 4), all valid placements",
-        "nvidia-smi -L with MIG instances on A100-SXM4-40GB (../shared/captures/44_mig-L-jasmin-a100sxm4-40gb-2gpu-1g10gb.txt)",
+        "nvidia-smi -L with MIG instances on A100-SXM4-40GB (tests/data/captures/44_mig-L-jasmin-a100sxm4-40gb-2gpu-1g10gb.txt)",
         *MIG_SOURCES,
     ))
     return t, "1x A100-SXM4-40GB in MIG mode with 2x 1g.5gb + 1x 3g.20gb already created (demo)"

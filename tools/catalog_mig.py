@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rayaccel.topology import MigProfile
 
-# Placements are start slots (memory slices out of 8); research note §5.
+# Placements are start slots (memory slices out of 8), as the NVIDIA MIG User Guide lists them.
 # (name, id, max, memory MiB, placements, slots, SMs)
 _MIG_ROWS = {
     # A100-40GB: nvidia-smi mig -lgip (capture 57; NVIDIA forum); MiB from go-nvml mock/gpus/a100.go.
@@ -22,7 +22,7 @@ _MIG_ROWS = {
         ("4g.20gb", 5, 1, 19968, (0,), 4, 56),
         ("7g.40gb", 0, 1, 40192, (0,), 8, 98),
     ],
-    # A100-80GB: same ids/SMs/placements as A100-40GB; MiB per go-nvml mock (research note §5).
+    # A100-80GB: same ids/SMs/placements as A100-40GB; MiB per go-nvml mock/gpus/a100.go.
     "A100-80GB": [
         ("1g.10gb", 19, 7, 9856, tuple(range(7)), 1, 14),
         ("1g.10gb+me", 20, 1, 9856, tuple(range(7)), 1, 14),
@@ -32,7 +32,7 @@ _MIG_ROWS = {
         ("4g.40gb", 5, 1, 40192, (0,), 4, 56),
         ("7g.80gb", 0, 1, 80384, (0,), 8, 98),
     ],
-    # H100-80GB: 7g.80gb = 79.25 GiB / 132 SMs (research note); 1g/2g/3g/4g SMs as H100 NVL / H200
+    # H100-80GB: 7g.80gb = 79.25 GiB / 132 SMs (published -lgip output); 1g/2g/3g/4g SMs as H100 NVL / H200
     # (same GH100 die, 16/26/32/60/64); memory per slice scaled from 79.25 GiB (9.75/19.62/39.50 GiB).
     "H100-80GB": [
         ("1g.10gb", 19, 7, 9984, tuple(range(7)), 1, 16),
@@ -58,9 +58,9 @@ _MIG_ROWS = {
 }
 MIG = {k: tuple(MigProfile(n, i, m, mem, pl, s, sm) for n, i, m, mem, pl, s, sm in rows) for k, rows in _MIG_ROWS.items()}
 MIG_SOURCES = [
-    "research note ../shared/research/topology-and-mig.md §5 (MIG profile table)",
-    "nvidia-smi mig -lgip, 2x A100 40GB (../shared/captures/57_mig-lgip-a100-40gb-2gpu-all-used.txt)",
+    "NVIDIA developer forum: nvidia-smi mig -lgip of an A100-SXM4-40GB (108-SM die; the MIG profiles sum to 98 SMs)",
+    "nvidia-smi mig -lgip, 2x A100 40GB (tests/data/captures/57_mig-lgip-a100-40gb-2gpu-all-used.txt)",
     "NVIDIA/go-nvml mock/gpus/a100.go (MIG memory sizes, MiB)",
     "NVIDIA/mig-parted issue #120 (H200 -lgip) and config-default.yaml (max instances)",
-    "NVIDIA MIG User Guide, supported profiles (A100/H100/H200 placements {starts}:size)",
+    "NVIDIA MIG User Guide, supported profiles (A100/H100/H200 placements {starts}:size), https://docs.nvidia.com/datacenter/tesla/mig-user-guide/",
 ]

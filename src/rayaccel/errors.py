@@ -12,6 +12,7 @@ caller can catch them all at once; each carries the context a person needs
     │   ├── BackendUnavailable         its library/driver is missing (reason + hint)
     │   └── PluginError                a plugin does not conform (names the plugin)
     ├── RequestError                   an invalid placement request (names the field and allowed values)
+    ├── OutputPathError                a picture or result cannot be written where asked (names the path, why)
     ├── ClusterError                   the Ray layer cannot do what was asked
     │   └── Unsatisfiable              a request no node can ever meet (fails fast)
     └── StoreError                     the tiered memory store
@@ -78,11 +79,14 @@ class BackendUnavailable(BackendError):
 
     Attributes:
         reason: what is missing. hint: what to install or set.
+        reasons: for automatic discovery (backend ``"auto"``), ``(backend, reason)`` of
+            every backend that was tried; empty otherwise.
     """
 
-    def __init__(self, backend: str, reason: str, hint: str = ""):
+    def __init__(self, backend: str, reason: str, hint: str = "", reasons: tuple[tuple[str, str], ...] = ()):
         self.reason = reason
         self.hint = hint
+        self.reasons = tuple(reasons)
         msg = f"unavailable: {reason}" + (f" (hint: {hint})" if hint else "")
         super().__init__(msg, backend=backend)
 
@@ -105,6 +109,18 @@ class RequestError(RayaccelError, ValueError):
         if allowed:
             text += f" (allowed: {allowed})"
         super().__init__(text)
+
+
+class OutputPathError(RayaccelError, ValueError):
+    """An output file or folder cannot be written where asked (checked before any work).
+
+    Attributes:
+        path: the path as given.
+    """
+
+    def __init__(self, message: str, path: object = None):
+        self.path = path
+        super().__init__(message)
 
 
 class ClusterError(RayaccelError):

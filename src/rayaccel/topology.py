@@ -53,6 +53,26 @@ PCIE_BANDWIDTH_GBPS: dict[str, float] = {"PIX": 24.0, "PXB": 22.0, "PHB": 18.0, 
 #: Bandwidth used for a pair of devices with no link record at all, GB/s.
 UNKNOWN_PAIR_BANDWIDTH_GBPS = PCIE_BANDWIDTH_GBPS["SYS"]
 
+# Bounds of every numeric and list field (checked by NodeTopology.validate, each error naming
+# its field), generous for any real machine and small enough that nothing derived from a
+# topology (a float, a matrix of devices, a picture) can overflow or exhaust memory.
+#: Most devices (and NICs) one node may have; device indices are below :data:`MAX_INDEX`.
+MAX_DEVICES = 1024
+#: Device indices, NUMA node ids, CPU ids, MIG ids and NIC path keys are ints in ``[0, MAX_INDEX)``.
+MAX_INDEX = 1 << 20
+#: Device memory and partition memory, bytes (the int64 limit, as :data:`rayaccel.units.MAX_BYTES`).
+MAX_MEMORY_BYTES = (1 << 63) - 1
+#: Lanes of one direct link.
+MAX_LANES = 1024
+#: Per-lane bandwidth of a direct link, GB/s.
+MAX_LANE_GBPS = 1e6
+#: MIG memory slices of one device (start slots and sizes are below/up to this).
+MAX_MIG_SLOTS = 64
+#: Longest text field (names, models, UUIDs, sources), characters.
+MAX_TEXT = 4096
+#: Most entries in any per-device list (CPUs: :data:`MAX_INDEX`; partitions, profiles, placements: this).
+MAX_ITEMS = 1024
+
 _RDMA_NIC_PREFIXES = ("mlx", "efa", "bnxt_re", "irdma", "ionic", "qedr", "hfi", "rdma")
 
 
@@ -347,6 +367,14 @@ class NodeTopology:
         Raises:
             TopologyError: naming the bad field.
         """
+        _check_len(self.devices, MAX_DEVICES, "devices")
+        _check_len(self.links, MAX_DEVICES * (MAX_DEVICES - 1) // 2, "links")
+        _check_len(self.nics, MAX_DEVICES, "nics")
+        _check_len(self.sources, MAX_ITEMS, "sources")
+        for field_name in ("hostname", "driver", "name"):
+            _check_text(getattr(self, field_name), field_name)
+        for i, src in enumerate(self.sources):
+            _check_text(src, f"sources[{i}]", nullable=False)
         seen: set[int] = set()
         for i, d in enumerate(self.devices):
             _check_device(d, f"devices[{i}]")
@@ -357,17 +385,21 @@ class NodeTopology:
         for i, l in enumerate(self.links):
             where = f"links[{i}]"
             if l.kind not in LINK_KINDS:
-                raise TopologyError(f"unknown kind {l.kind!r}, expected one of {', '.join(LINK_KINDS)}", f"{where}.kind")
+                raise TopologyError(f"unknown kind {_short(l.kind)}, expected one of {', '.join(LINK_KINDS)}", f"{where}.kind")
             if l.pcie is not None and l.pcie not in PCIE_CLASSES:
-                raise TopologyError(f"unknown PCIe class {l.pcie!r}, expected one of {', '.join(PCIE_CLASSES)} or null", f"{where}.pcie")
+                raise TopologyError(f"unknown PCIe class {_short(l.pcie)}, expected one of {', '.join(PCIE_CLASSES)} or null", f"{where}.pcie")
             if l.kind == "pcie" and l.pcie is None:
                 raise TopologyError("a pcie link needs its path class", f"{where}.pcie")
-            if l.count is not None and (not isinstance(l.count, int) or l.count < 1):
-                raise TopologyError(f"lane count must be a positive int or null, got {l.count!r}", f"{where}.count")
+            _check_int(l.a, f"{where}.a", 0, MAX_INDEX - 1)
+            _check_int(l.b, f"{where}.b", 0, MAX_INDEX - 1)
+            if l.count is not None and (not _is_int(l.count) or not 1 <= l.count <= MAX_LANES):
+                raise TopologyError(f"lane count must be an int in 1..{MAX_LANES} or null, got {_short(l.count)}",
+                                    f"{where}.count")
             if l.lane_gbps is not None:
-                if isinstance(l.lane_gbps, bool) or not isinstance(l.lane_gbps, (int, float)) or not l.lane_gbps > 0:
-                    raise TopologyError(f"must be a number > 0 (GB/s per lane) or null, got {l.lane_gbps!r}",
-                                        f"{where}.lane_gbps")
+                if (isinstance(l.lane_gbps, bool) or not isinstance(l.lane_gbps, (int, float))
+                        or not 0 < l.lane_gbps <= MAX_LANE_GBPS):
+                    raise TopologyError(f"must be a number > 0 and <= {MAX_LANE_GBPS:g} (GB/s per lane) or null, "
+                                        f"got {_short(l.lane_gbps)}", f"{where}.lane_gbps")
                 if l.kind not in DIRECT_KINDS:
                     raise TopologyError(f"only direct links ({', '.join(DIRECT_KINDS)}) have lanes; "
                                         f"a {l.kind} link must leave it null", f"{where}.lane_gbps")
@@ -379,9 +411,13 @@ class NodeTopology:
                 raise TopologyError(f"second link for pair {l.a}-{l.b}", where)
             pairs.add((l.a, l.b))
         for i, n in enumerate(self.nics):
+            _check_text(n.name, f"nics[{i}].name", nullable=False)
+            _check_int(n.numa_node, f"nics[{i}].numa_node", 0, MAX_INDEX - 1, nullable=True)
+            _check_len(n.paths, MAX_DEVICES, f"nics[{i}].paths")
             for j, (dev, cls) in enumerate(n.paths):
+                _check_int(dev, f"nics[{i}].paths[{j}]", 0, MAX_INDEX - 1)
                 if cls not in PCIE_CLASSES:
-                    raise TopologyError(f"unknown PCIe class {cls!r}", f"nics[{i}].paths[{j}]")
+                    raise TopologyError(f"unknown PCIe class {_short(cls)}", f"nics[{i}].paths[{j}]")
         return self
 
     # -------------------------------------------------------------------- JSON
@@ -417,7 +453,7 @@ class NodeTopology:
             raise TopologyError(f"expected a JSON object, got {type(data).__name__}")
         schema = data.get("schema")
         if schema != SCHEMA:
-            raise TopologyError(f"expected {SCHEMA!r}, got {schema!r}", "schema")
+            raise TopologyError(f"expected {SCHEMA!r}, got {_short(schema)}", "schema")
         devs = _get(data, "devices", list, "")
         links = _get(data, "links", list, "", default=[])
         nics = _get(data, "nics", list, "", default=[])
@@ -440,9 +476,13 @@ class NodeTopology:
             TopologyError: malformed JSON (with line and column) or a bad field.
         """
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_constant=_reject_constant)
         except json.JSONDecodeError as e:
             raise TopologyError(f"not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+        except RecursionError:  # [[[[...]]]] deeper than the parser's stack: no topology nests like that
+            raise TopologyError("not a topology: JSON nested too deeply (a topology nests at most 4 levels)") from None
+        except ValueError as e:  # NaN / Infinity, or an integer with more than 4300 digits
+            raise TopologyError(f"not valid JSON: {e}") from None
         return cls.from_dict(data)
 
     @classmethod
@@ -489,16 +529,81 @@ def _get(obj: Mapping, key: str, typ: type | tuple, where: str, default: Any = _
     return val
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a topology can hold")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _check_int(v: Any, where: str, lo: int, hi: int, nullable: bool = False) -> None:
+    """``v`` is an int in ``[lo, hi]`` (or None when ``nullable``), else a TopologyError naming ``where``."""
+    if v is None and nullable:
+        return
+    if not _is_int(v) or not lo <= v <= hi:
+        raise TopologyError(f"must be an int in {lo}..{hi}{' or null' if nullable else ''}, got {_short(v)}", where)
+
+
+def _check_text(v: Any, where: str, nullable: bool = True) -> None:
+    if v is None and nullable:
+        return
+    if not isinstance(v, str):
+        raise TopologyError(f"expected a string, got {type(v).__name__}", where)
+    if len(v) > MAX_TEXT:
+        raise TopologyError(f"longer than {MAX_TEXT} characters ({len(v)})", where)
+
+
+def _check_len(items: Any, most: int, where: str) -> None:
+    if len(items) > most:
+        raise TopologyError(f"{len(items)} entries, at most {most} allowed", where)
+
+
 def _check_device(d: Device, where: str) -> None:
-    if not isinstance(d.index, int) or d.index < 0:
-        raise TopologyError(f"must be an int >= 0, got {d.index!r}", f"{where}.index")
+    if not _is_int(d.index) or not 0 <= d.index < MAX_INDEX:
+        raise TopologyError(f"must be an int in 0..{MAX_INDEX - 1}, got {_short(d.index)}", f"{where}.index")
     if d.health not in HEALTH_STATES:
-        raise TopologyError(f"unknown health {d.health!r}, expected one of {', '.join(HEALTH_STATES)}", f"{where}.health")
-    if d.memory_bytes is not None and d.memory_bytes < 0:
+        raise TopologyError(f"unknown health {_short(d.health)}, expected one of {', '.join(HEALTH_STATES)}",
+                            f"{where}.health")
+    if d.memory_bytes is not None and _is_int(d.memory_bytes) and d.memory_bytes < 0:
         raise TopologyError("must be >= 0", f"{where}.memory_bytes")
+    _check_int(d.memory_bytes, f"{where}.memory_bytes", 0, MAX_MEMORY_BYTES, nullable=True)
+    _check_int(d.numa_node, f"{where}.numa_node", 0, MAX_INDEX - 1, nullable=True)
+    for name in ("vendor", "model", "uuid", "pci_bus_id", "compute_capability"):
+        _check_text(getattr(d, name), f"{where}.{name}", nullable=name != "vendor")
+    if d.cpus is not None:
+        _check_len(d.cpus, MAX_INDEX, f"{where}.cpus")
+        for k, c in enumerate(d.cpus):
+            _check_int(c, f"{where}.cpus[{k}]", 0, MAX_INDEX - 1)
+    _check_len(d.partitions, MAX_ITEMS, f"{where}.partitions")
+    _check_len(d.mig_profiles, MAX_ITEMS, f"{where}.mig_profiles")
     for j, p in enumerate(d.partitions):
+        pw = f"{where}.partitions[{j}]"
         if p.parent != d.index:
-            raise TopologyError(f"parent {p.parent} differs from device index {d.index}", f"{where}.partitions[{j}].parent")
+            raise TopologyError(f"parent {_short(p.parent)} differs from device index {d.index}", f"{pw}.parent")
+        _check_text(p.profile, f"{pw}.profile", nullable=False)
+        _check_text(p.uuid, f"{pw}.uuid")
+        for name in ("gi_id", "ci_id", "sms"):
+            _check_int(getattr(p, name), f"{pw}.{name}", 0, MAX_INDEX - 1, nullable=True)
+        _check_int(p.start, f"{pw}.start", 0, MAX_MIG_SLOTS - 1, nullable=True)
+        _check_int(p.size, f"{pw}.size", 1, MAX_MIG_SLOTS, nullable=True)
+        _check_int(p.memory_bytes, f"{pw}.memory_bytes", 0, MAX_MEMORY_BYTES, nullable=True)
+    for j, m in enumerate(d.mig_profiles):
+        mw = f"{where}.mig_profiles[{j}]"
+        _check_text(m.name, f"{mw}.name", nullable=False)
+        _check_int(m.id, f"{mw}.id", 0, MAX_INDEX - 1)
+        _check_int(m.max_instances, f"{mw}.max_instances", 0, MAX_MIG_SLOTS)
+        _check_int(m.memory_mib, f"{mw}.memory_mib", 0, MAX_MEMORY_BYTES >> 20, nullable=True)
+        _check_int(m.slots, f"{mw}.slots", 1, MAX_MIG_SLOTS)
+        _check_int(m.sms, f"{mw}.sms", 0, MAX_INDEX - 1, nullable=True)
+        _check_len(m.placements, MAX_MIG_SLOTS, f"{mw}.placements")
+        for k, start in enumerate(m.placements):
+            _check_int(start, f"{mw}.placements[{k}]", 0, MAX_MIG_SLOTS - 1)
 
 
 def _device_to_dict(d: Device) -> dict[str, Any]:
@@ -621,7 +726,7 @@ def _nic_from_dict(n: Any, where: str) -> Nic:
         try:
             dev = int(k)
         except ValueError:
-            raise TopologyError(f"device key must be an integer, got {k!r}", f"{where}.paths") from None
+            raise TopologyError(f"device key must be an integer, got {_short(k)}", f"{where}.paths") from None
         if not isinstance(v, str):
             raise TopologyError("expected a PCIe class string", f"{where}.paths.{k}")
         items.append((dev, v))

@@ -16,9 +16,16 @@ What is drawn:
   label instead of n*(n-1)/2 lines;
 * PCIe paths as thin grey lines: PIX solid, PXB dashed, PHB/NODE dotted and
   faint; SYS is not drawn (it is what crossing a NUMA box means);
-* NICs as small boxes in their NUMA box, joined to their closest devices;
-* MIG partitions as coloured segments of an 8-slice strip inside a device;
-* assignments (device -> label) as coloured fills with a legend.
+* NICs as small boxes in their NUMA box, joined to their closest devices by lines
+  that run through the gaps between devices, never underneath another device;
+* MIG partitions as segments of an 8-slice strip inside a device, coloured by the
+  work that holds them (grey when free);
+* assignments (device index or MIG instance key -> label) as coloured fills, one
+  colour per label across every node of the picture, with a legend.
+
+Every line is routed by :mod:`rayaccel._viz_layout` (pure geometry, tested) so that it
+never crosses a device box it does not end in. Text from the topology or the caller is
+drawn literally (a ``$`` is not TeX math).
 """
 
 from __future__ import annotations
@@ -28,14 +35,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ._viz_layout import DEV_H, DEV_W, STEP_X, STEP_Y, _all_to_all, _blocked, _extent, _layout  # noqa: F401
-from .errors import RayaccelError
-from .topology import DIRECT_KINDS, NodeTopology
+from ._viz_layout import (DEV_H, DEV_W, NIC_H, SMALL_ABOVE, STEP_X, STEP_Y, _all_to_all, _blocked,  # noqa: F401
+                          _extent, _layout, drawn_links, link_label_point, link_route, nic_places, pack_blocks)
+from ._outputs import SUFFIXES, VizError, check_output_dir, check_output_file
+from .errors import OutputPathError
+from .topology import DIRECT_KINDS, Device, NodeTopology, Partition
 
-__all__ = ["SUFFIXES", "draw_cluster", "draw_topology"]
+__all__ = ["SUFFIXES", "OutputPathError", "check_output_dir", "check_output_file", "draw_cluster", "draw_topology",
+           "holder_colours"]
 
-#: Supported output suffixes.
-SUFFIXES = (".png", ".svg")
 
 KIND_COLOURS = {"nvlink": "#76b900", "xgmi": "#d6202a", "neuronlink": "#ff9900"}
 KIND_NAMES = {"nvlink": "NVLink", "xgmi": "xGMI (Infinity Fabric)", "neuronlink": "NeuronLink"}
@@ -47,20 +55,19 @@ PCIE_STYLE = {  # class -> (linestyle, width, alpha)
 }
 ASSIGN_COLOURS = ("#1f77b4", "#ff7f0e", "#9467bd", "#e377c2", "#17becf", "#8c564b", "#bcbd22", "#d62728",
                   "#2ca02c", "#7f7f7f")
-MIG_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7")
+#: Fill of a MIG instance no one holds, and of a memory slice with no instance.
+MIG_FREE = "#bcccdc"
+MIG_EMPTY = "#eef1f4"
+#: Inches per layout unit: one node alone, a node of a cluster picture.
+SCALE_NODE, SCALE_SMALL, SCALE_CLUSTER = 0.85, 0.55, 0.55
+_TITLE_PT = 10.0
+_GAP = 0.7  # between node blocks of a cluster picture, layout units
 
-
-class VizError(RayaccelError, ValueError):
-    """A picture cannot be drawn as asked (bad path suffix, bad assignment)."""
+Assignments = Mapping["int | str", str]
 
 
 def _check_path(path: str | Path) -> Path:
-    p = Path(path)
-    if p.suffix.lower() not in SUFFIXES:
-        raise VizError(f"{p}: unsupported picture format {p.suffix or '(none)'!r}; use a file name ending in .png or .svg")
-    if p.is_dir():
-        raise VizError(f"{p}: is a directory; expected a file name ending in .png or .svg")
-    return p
+    return check_output_file(path)
 
 
 def _plt():
@@ -77,6 +84,11 @@ def _plt():
 
 
 
+def _t(text: Any) -> str:
+    """Text from data, drawn literally: matplotlib would read ``$...$`` as TeX math."""
+    return str(text).replace("$", r"\$")
+
+
 def _short_model(model: str | None) -> str:
     if not model:
         return ""
@@ -90,123 +102,205 @@ def _gib(n: int | None) -> str:
     return "" if n is None else f"{n / (1 << 30):.0f} GiB"
 
 
-# ------------------------------------------------------------------ drawing
-def _draw_node(ax: Any, topo: NodeTopology, assignments: Mapping[int, str] | None, title: str | None,
-               colours: dict[str, str]) -> set[str]:
-    """Draw one node on ``ax``; return the legend keys used."""
-    from matplotlib.patches import FancyBboxPatch, Rectangle
+def holder_colours(labels: Sequence[str]) -> dict[str, str]:
+    """One distinct colour per distinct label, in first-seen order.
 
-    assignments = dict(assignments or {})
-    unknown = sorted(set(assignments) - set(topo.indices))
-    if unknown:
-        raise VizError(f"assignments name devices {unknown} that {topo.name or 'the topology'} does not have "
+    The first ten come from :data:`ASSIGN_COLOURS`; more are drawn around the hue circle,
+    so no two holders ever share a colour (and none is the colour of a free MIG instance).
+    """
+    out: dict[str, str] = {}
+    used = {MIG_FREE, MIG_EMPTY}
+    k = 0
+    for label in labels:
+        if label in out:
+            continue
+        if len(out) < len(ASSIGN_COLOURS):
+            colour = ASSIGN_COLOURS[len(out)]
+        else:
+            while True:
+                k += 1
+                hue = (k * 0.618033988749895) % 1.0
+                sat, val = (0.75, 0.72) if k % 2 else (0.55, 0.55)
+                colour = _hex_hsv(hue, sat, val)
+                if colour not in used:
+                    break
+        used.add(colour)
+        out[label] = colour
+    return out
+
+
+def _hex_hsv(h: float, s: float, v: float) -> str:
+    import colorsys
+
+    r, g, b = colorsys.hsv_to_rgb(h, s, v)
+    return "#{:02x}{:02x}{:02x}".format(round(r * 255), round(g * 255), round(b * 255))
+
+
+def _check_assignments(topo: NodeTopology, assignments: Assignments) -> dict:
+    """``{device index or MIG key: label}``, checked against the topology.
+
+    Raises:
+        VizError: a device index or MIG instance key the topology does not have.
+    """
+    keys = {p.key for p in topo.partitions()}
+    bad_devs = sorted(k for k in assignments if isinstance(k, int) and k not in set(topo.indices))
+    if bad_devs:
+        raise VizError(f"assignments name devices {bad_devs} that {topo.name or 'the topology'} does not have "
                        f"(devices: {list(topo.indices)})")
+    bad = sorted(str(k) for k in assignments if not isinstance(k, int) and k not in keys)
+    if bad:
+        raise VizError(f"assignments name MIG instances {bad} that {topo.name or 'the topology'} does not have "
+                       f"(instances: {sorted(keys) or 'none'}); keys are device indices or Partition.key")
+    return {k: str(v) for k, v in assignments.items()}
+
+
+def mig_fills(device: Device, assignments: Assignments, colours: Mapping[str, str]) -> list[tuple[Partition, str | None, str]]:
+    """``(partition, holder or None, fill colour)`` for each MIG instance of ``device``:
+    a held instance in its holder's colour (the colour of that label everywhere in the
+    picture), a free one in :data:`MIG_FREE`."""
+    out = []
+    for p in device.partitions:
+        holder = assignments.get(p.key)
+        out.append((p, holder, colours[holder] if holder is not None else MIG_FREE))
+    return out
+
+
+# ------------------------------------------------------------------ drawing
+def _title_height(scale: float) -> float:
+    return 2.7 * _TITLE_PT / 72 / scale
+
+
+def _node_bounds(topo: NodeTopology, scale: float) -> tuple[float, float, float, float]:
+    """``(x0, y0, x1, y1)`` of one node's drawing in layout units, its two title lines included."""
+    pos, boxes = _layout(topo)
+    if not boxes:
+        return 0.0, -_title_height(scale), 4.0, 2.0
+    X0 = min(b[0] for _, b in boxes)
+    X1 = max(b[2] for _, b in boxes)
+    Y0 = min(b[1] for _, b in boxes)
+    Y1 = max(b[3] for _, b in boxes)
+    fabrics = len(_all_to_all(topo))
+    top = Y0 - 0.18 - 0.3 - 0.45 * (fabrics - 1) - 0.22 if fabrics else Y0  # above the fabric labels
+    return X0 - 0.3, top - 0.12 - _title_height(scale), X1 + 0.3, Y1 + 0.3
+
+
+def _draw_node(ax: Any, topo: NodeTopology, assignments: Assignments | None, title: str | None,
+               colours: Mapping[str, str], origin: tuple[float, float] = (0.0, 0.0),
+               scale: float = SCALE_NODE) -> set[str]:
+    """Draw one node on ``ax`` with its layout shifted by ``origin``; return the legend keys used."""
+    from matplotlib.patches import FancyBboxPatch, PathPatch, Rectangle
+    from matplotlib.path import Path as MPath
+    from matplotlib.transforms import Affine2D
+
+    tr = Affine2D().translate(*origin) + ax.transData
+    assignments = _check_assignments(topo, dict(assignments or {}))
     n = len(topo.devices)
+    bx0, by0, _, _ = _node_bounds(topo, scale)
+    head = title or topo.name or topo.hostname or "topology"
+    summary = f"{n} device{'s' if n != 1 else ''}" + (
+        f", {len(topo.nics)} NIC{'s' if len(topo.nics) != 1 else ''}" if topo.nics else "")
+    ax.text(bx0, by0, f"{_t(head)}\n{summary}", fontsize=_TITLE_PT, ha="left", va="top", transform=tr,
+            linespacing=1.3)
     if n == 0:
-        ax.text(0.5, 0.5, "no devices", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(title or topo.name or "topology", fontsize=10, loc="left")
-        ax.axis("off")
+        ax.text(bx0 + 0.3, by0 + _title_height(scale) + 0.6, "no devices", fontsize=9, va="center", transform=tr)
         return set()
     pos, boxes = _layout(topo)
-    small = n > 24
+    small = n > SMALL_ABOVE
     used: set[str] = set()
     fabrics = _all_to_all(topo)
-    in_fabric = {i for dom, _, _ in fabrics for i in dom}
 
     for numa, (x0, y0, x1, y1) in boxes:
         ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0.02,rounding_size=0.2",
-                                    fc="#f4f6f8", ec="#9aa5b1", lw=1.0, zorder=0))
+                                    fc="#f4f6f8", ec="#9aa5b1", lw=1.0, zorder=0, transform=tr))
         cpu = next((d.cpus for d in topo.devices if d.numa_node == numa and d.cpus), None)
         label = "NUMA ?" if numa is None else f"NUMA {numa}"
         if cpu and not small:
             label += f"  CPUs {_ranges(cpu)}"
-        ax.text(x0 + 0.15, y0 + 0.22, label, fontsize=6 if small else 8, color="#52606d", va="center", zorder=1)
+        ax.text(x0 + 0.15, y0 + 0.22, label, fontsize=6 if small else 8, color="#52606d", va="center", zorder=3,
+                transform=tr, bbox=dict(boxstyle="square,pad=0.1", fc="#f4f6f8", ec="none"))
 
-    X0 = min(bx[0] for _, bx in boxes)
-    X1 = max(bx[2] for _, bx in boxes)
-    Y0 = min(bx[1] for _, bx in boxes)
-    Y1 = max(bx[3] for _, bx in boxes)
+    X0 = min(b[0] for _, b in boxes)
+    X1 = max(b[2] for _, b in boxes)
+    Y0 = min(b[1] for _, b in boxes)
+    Y1 = max(b[3] for _, b in boxes)
     centre = ((X0 + X1) / 2, (Y0 + Y1) / 2)
-    top = Y0
-    # fabrics: one shaded band per all-to-all domain instead of n*(n-1)/2 lines
     for k, (dom, kind, count) in enumerate(fabrics):
         colour = KIND_COLOURS.get(kind, "#444")
         if len(dom) == n:  # the whole node: shade around every NUMA box
-            bx0, by0, bx1, by1 = X0 - 0.18, Y0 - 0.18, X1 + 0.18, Y1 + 0.18
+            fx0, fy0, fx1, fy1 = X0 - 0.18, Y0 - 0.18, X1 + 0.18, Y1 + 0.18
         else:
             xs = [pos[i][0] for i in dom]
             ys = [pos[i][1] for i in dom]
-            bx0, by0 = min(xs) - DEV_W / 2 - 0.12, min(ys) - DEV_H / 2 - 0.12
-            bx1, by1 = max(xs) + DEV_W / 2 + 0.12, max(ys) + DEV_H / 2 + 0.12
-        ax.add_patch(FancyBboxPatch((bx0, by0), bx1 - bx0, by1 - by0, boxstyle="round,pad=0.02,rounding_size=0.25",
-                                    fc=colour, ec=colour, alpha=0.14, lw=3, zorder=-1))
+            fx0, fy0 = min(xs) - DEV_W / 2 - 0.12, min(ys) - DEV_H / 2 - 0.12
+            fx1, fy1 = max(xs) + DEV_W / 2 + 0.12, max(ys) + DEV_H / 2 + 0.12
+        ax.add_patch(FancyBboxPatch((fx0, fy0), fx1 - fx0, fy1 - fy0, boxstyle="round,pad=0.02,rounding_size=0.25",
+                                    fc=colour, ec=colour, alpha=0.14, lw=3, zorder=-1, transform=tr))
         lanes = f"{count} links" if count else "linked"
         bw = topo.link(*sorted(dom)[:2]).bandwidth_gbps
         used.add(f"kind:{kind}")
         via = "NVSwitch fabric" if kind == "nvlink" else "all-to-all"
-        label_y = by0 - 0.3 - 0.45 * k
-        top = min(top, label_y - 0.3)
-        ax.text(bx0, label_y, f"{KIND_NAMES.get(kind, kind)} {via}: every pair of {len(dom)} devices {lanes} "
-                f"(~{bw:.0f} GB/s per direction, modeled)",
-                fontsize=7 if small else 8.5, color=colour, fontweight="bold", va="center", zorder=6)
+        ax.text(fx0, Y0 - 0.18 - 0.3 - 0.45 * k, f"{KIND_NAMES.get(kind, kind)} {via}: every pair of {len(dom)} "
+                f"devices {lanes} (~{bw:.0f} GB/s per direction, modeled)",
+                fontsize=7 if small else 8.5, color=colour, fontweight="bold", va="center", zorder=6, transform=tr)
 
     max_lanes = max((l.count or 1 for l in topo.links if l.direct), default=1)
-    for l in topo.links:
+    for l in drawn_links(topo):
+        kind, pts = link_route(pos, l.a, l.b, centre)
         if l.direct:
-            if l.a in in_fabric and l.b in in_fabric:
-                continue
             colour = KIND_COLOURS.get(l.kind, "#444")
-            width = 1.2 + 4.0 * (l.count or 1) / max_lanes
-            lx, ly = _line(ax, pos, l.a, l.b, centre, colour=colour, lw=width, ls="-", alpha=0.85, z=2)
+            style = dict(colour=colour, lw=1.2 + 4.0 * (l.count or 1) / max_lanes, ls="-", alpha=0.85, z=2)
             used.add(f"kind:{l.kind}")
-            if not small and l.count and max_lanes > 1:
-                ax.text(lx, ly, l.label, fontsize=6.5, color=colour, ha="center", va="center", fontweight="bold",
-                        zorder=3, bbox=dict(boxstyle="round,pad=0.12", fc="white", ec=colour, lw=0.5, alpha=0.9))
-        elif l.pcie in PCIE_STYLE and not (small and l.pcie in ("PHB", "NODE")):
+        else:
             ls, lw, alpha = PCIE_STYLE[l.pcie]
-            _line(ax, pos, l.a, l.b, centre, colour="#6b7785", lw=lw, ls=ls, alpha=alpha, z=1.5)
+            style = dict(colour="#6b7785", lw=lw, ls=ls, alpha=alpha, z=1.5)
             used.add(f"pcie:{l.pcie}")
+        _route(ax, tr, kind, pts, MPath, PathPatch, **style)
+        if l.direct and not small and l.count and max_lanes > 1:
+            lx, ly = link_label_point(kind, pts, l.a)
+            ax.text(lx, ly, l.label, fontsize=6.5, color=style["colour"], ha="center", va="center",
+                    fontweight="bold", zorder=3, transform=tr,
+                    bbox=dict(boxstyle="round,pad=0.12", fc="white", ec=style["colour"], lw=0.5, alpha=0.9))
 
-    # devices
     for d in topo.devices:
         x, y = pos[d.index]
         work = assignments.get(d.index)
         fc = colours[work] if work is not None else "white"
-        ec = "#1f2933"
-        if d.health == "failed":
-            ec = "#d62728"
+        ec = "#d62728" if d.health == "failed" else "#1f2933"
         ax.add_patch(FancyBboxPatch((x - DEV_W / 2, y - DEV_H / 2), DEV_W, DEV_H,
                                     boxstyle="round,pad=0.02,rounding_size=0.08", fc=fc, ec=ec,
-                                    lw=2.2 if work is not None else 1.1, zorder=4))
+                                    lw=2.2 if work is not None else 1.1, zorder=4, transform=tr))
         text_colour = "white" if work is not None else "#1f2933"
         if small:
             ax.text(x, y, str(d.index), fontsize=7, ha="center", va="center", color=text_colour, zorder=5,
-                    fontweight="bold")
+                    fontweight="bold", transform=tr)
         else:
-            head = f"{_prefix(d.vendor)}{d.index}"
-            ax.text(x, y - DEV_H / 2 + 0.2, head, fontsize=8.5, ha="center", va="center", color=text_colour,
-                    fontweight="bold", zorder=5)
-            ax.text(x, y - 0.02, _short_model(d.model), fontsize=6, ha="center", va="center", color=text_colour,
-                    zorder=5)
-            sub = _gib(d.memory_bytes) if work is None else work
+            ax.text(x, y - DEV_H / 2 + 0.2, f"{_prefix(d.vendor)}{d.index}", fontsize=8.5, ha="center",
+                    va="center", color=text_colour, fontweight="bold", zorder=5, transform=tr)
+            ax.text(x, y - 0.02, _t(_short_model(d.model)), fontsize=6, ha="center", va="center",
+                    color=text_colour, zorder=5, transform=tr)
+            sub = _gib(d.memory_bytes) if work is None else _t(work)
             if d.health not in ("ok",):
-                sub += f" [{d.health}]"
+                sub += f" [{_t(d.health)}]"
             ax.text(x, y + 0.2, sub, fontsize=6, ha="center", va="center", color=text_colour, zorder=5,
-                    fontweight="bold" if work is not None else "normal")
+                    fontweight="bold" if work is not None else "normal", transform=tr)
         if d.mig_mode or d.partitions:
-            _draw_mig(ax, d, x, y, small, Rectangle)
+            _draw_mig(ax, tr, d, x, y, small, Rectangle, assignments, colours)
             used.add("mig")
 
-    _draw_nics(ax, topo, pos, boxes, small, used)
-
-    ax.set_xlim(X0 - 0.3, X1 + 0.3)
-    ax.set_ylim(Y1 + 0.3, top - 0.3)
-    ax.set_aspect("equal")
-    ax.axis("off")
-    head = title or topo.name or topo.hostname or "topology"
-    summary = f"{n} device{'s' if n != 1 else ''}" + (f", {len(topo.nics)} NIC{'s' if len(topo.nics) != 1 else ''}" if topo.nics else "")
-    ax.set_title(f"{head}\n{summary}", fontsize=10, loc="left")
+    _draw_nics(ax, tr, topo, pos, boxes, small, used)
     return used
+
+
+def _route(ax: Any, tr: Any, kind: str, pts: list, MPath: Any, PathPatch: Any, *, colour: str, lw: float, ls: str,
+           alpha: float, z: float) -> None:
+    if kind == "curve":
+        path = MPath(pts, [MPath.MOVETO, MPath.CURVE3, MPath.CURVE3])
+        ax.add_patch(PathPatch(path, fc="none", ec=colour, lw=lw, ls=ls, alpha=alpha, zorder=z, capstyle="round",
+                               transform=tr))
+    else:
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, color=colour, lw=lw, ls=ls, alpha=alpha, zorder=z, solid_capstyle="round",
+                solid_joinstyle="round", transform=tr)
 
 
 def _prefix(vendor: str) -> str:
@@ -227,96 +321,48 @@ def _ranges(cpus: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def _line(ax: Any, pos, a: int, b: int, centre: tuple[float, float], *, colour: str, lw: float, ls: str,
-          alpha: float, z: float) -> tuple[float, float]:
-    """A straight line, or a curve through the gap between rows/columns when the
-    straight one would run through another device; returns the label point."""
-    from matplotlib.patches import PathPatch
-    from matplotlib.path import Path as MPath
-
-    (xa, ya), (xb, yb) = pos[a], pos[b]
-    mx, my = (xa + xb) / 2, (ya + yb) / 2
-    if not _blocked(pos, a, b):
-        ax.plot([xa, xb], [ya, yb], color=colour, lw=lw, ls=ls, alpha=alpha, zorder=z, solid_capstyle="round")
-        t = 0.5 if xa == xb or ya == yb else (0.44 if a % 2 == 0 else 0.56)  # crossing diagonals: split labels
-        return xa + t * (xb - xa), ya + t * (yb - ya)
-    dx, dy = xb - xa, yb - ya
-    length = math.hypot(dx, dy) or 1.0
-    nx, ny = -dy / length, dx / length
-    # bend outward (away from the layout centre); the peak of a quadratic curve is half the offset
-    if (mx - centre[0]) * nx + (my - centre[1]) * ny < 0:
-        nx, ny = -nx, -ny
-    horizontal = abs(dx) >= abs(dy)
-    peak = (DEV_H / 2 + (STEP_Y - DEV_H) / 2) if horizontal else (DEV_W / 2 + (STEP_X - DEV_W) / 2)
-    off = 2 * peak / max(abs(ny) if horizontal else abs(nx), 0.3)
-    cx, cy = mx + nx * off, my + ny * off
-    path = MPath([(xa, ya), (cx, cy), (xb, yb)], [MPath.MOVETO, MPath.CURVE3, MPath.CURVE3])
-    ax.add_patch(PathPatch(path, fc="none", ec=colour, lw=lw, ls=ls, alpha=alpha, zorder=z, capstyle="round"))
-    return 0.25 * xa + 0.5 * cx + 0.25 * xb, 0.25 * ya + 0.5 * cy + 0.25 * yb
-
-
-def _draw_mig(ax: Any, d, x: float, y: float, small: bool, Rectangle) -> None:
-    """An 8-slice strip at the bottom of the device; each MIG instance a coloured segment."""
+def _draw_mig(ax: Any, tr: Any, d: Device, x: float, y: float, small: bool, Rectangle: Any,
+              assignments: Assignments, colours: Mapping[str, str]) -> None:
+    """An 8-slice strip at the bottom of the device; each MIG instance a segment in its holder's colour."""
     slots = 8
     sw = (DEV_W - 0.2) / slots
     sy = y + DEV_H / 2 - 0.24
     x0 = x - DEV_W / 2 + 0.1
     for s in range(slots):
-        ax.add_patch(Rectangle((x0 + s * sw, sy), sw, 0.17, fc="#e4e7eb", ec="#9aa5b1", lw=0.4, zorder=5))
+        ax.add_patch(Rectangle((x0 + s * sw, sy), sw, 0.17, fc=MIG_EMPTY, ec="#9aa5b1", lw=0.4, zorder=5,
+                               transform=tr))
     unplaced = 0
-    for k, p in enumerate(d.partitions):
+    for p, holder, colour in mig_fills(d, assignments, colours):
         if p.start is None:
             unplaced += 1
             continue
-        size = p.size or 1
-        colour = MIG_COLOURS[k % len(MIG_COLOURS)]
-        ax.add_patch(Rectangle((x0 + p.start * sw, sy), size * sw, 0.17, fc=colour, ec="#1f2933", lw=0.5, zorder=6))
+        size = min(p.size or 1, slots - min(p.start, slots - 1))
+        ax.add_patch(Rectangle((x0 + p.start * sw, sy), size * sw, 0.17, fc=colour, ec="#1f2933", lw=0.5, zorder=6,
+                               transform=tr))
         if not small:
             text = p.profile if size >= 4 else p.profile.split(".")[0]
-            ax.text(x0 + (p.start + size / 2) * sw, sy + 0.085, text, fontsize=4.5, ha="center", va="center",
-                    color="white", fontweight="bold", zorder=7)
+            ax.text(x0 + (p.start + size / 2) * sw, sy + 0.085, _t(text), fontsize=4.5, ha="center", va="center",
+                    color="white" if holder is not None else "#1f2933", fontweight="bold", zorder=7, transform=tr)
     if unplaced and not small:
-        ax.text(x, sy + 0.085, f"{len(d.partitions)} MIG", fontsize=5, ha="center", va="center", zorder=7)
+        ax.text(x, sy + 0.085, f"{len(d.partitions)} MIG", fontsize=5, ha="center", va="center", zorder=7,
+                transform=tr)
 
 
-def _draw_nics(ax: Any, topo: NodeTopology, pos, boxes, small: bool, used: set[str]) -> None:
-    """NICs in a strip at the bottom of their NUMA box, ordered under their closest devices."""
+def _draw_nics(ax: Any, tr: Any, topo: NodeTopology, pos, boxes, small: bool, used: set[str]) -> None:
+    """NIC boxes in a strip at the bottom of their NUMA box, joined by routed lines (see nic_places)."""
     from matplotlib.patches import FancyBboxPatch
 
-    if not topo.nics:
-        return
-    order = ("PIX", "PXB", "PHB", "NODE", "SYS")
-    box_of = {numa: b for numa, b in boxes}
-    dev_numa = {d.index: d.numa_node for d in topo.devices}
-    per_box: dict[Any, list] = defaultdict(list)
-    for nic in topo.nics:
-        ranks = [order.index(c) for _, c in nic.paths if c in order]
-        best = min(ranks, default=len(order) - 1)
-        near = [d for d, c in nic.paths if c in order and order.index(c) == best and c != "SYS" and d in pos]
-        numa = nic.numa_node if nic.numa_node in box_of else (dev_numa.get(near[0]) if near else None)
-        if numa not in box_of:
-            numa = boxes[-1][0]
-        near = [d for d in near if dev_numa.get(d) == numa] or near
-        key = sum(pos[d][0] for d in near) / len(near) if near else math.inf
-        per_box[numa].append((key, nic.name, nic, near))
-    for numa, items in per_box.items():
-        x0, y0, x1, y1 = box_of[numa]
-        items.sort(key=lambda t: (t[0], t[1]))
-        count = len(items)
-        width = min(1.0, (x1 - x0 - 0.3) / count - 0.08)
-        for k, (_, _, nic, near) in enumerate(items):
-            nx = x0 + 0.15 + k * (width + 0.08) + width / 2
-            ny = y1 - 0.42
-            ax.add_patch(FancyBboxPatch((nx - width / 2, ny - 0.18), width, 0.36,
-                                        boxstyle="round,pad=0.01,rounding_size=0.05",
-                                        fc="#fff4d6", ec="#b7791f", lw=0.8, zorder=4))
-            if not small:
-                ax.text(nx, ny, nic.name.replace("mlx5_", "mlx"), fontsize=5.5 if width < 0.7 else 6.5,
-                        ha="center", va="center", zorder=5)
-            for d in near[:4]:
-                dx, dy = pos[d]
-                ax.plot([nx, dx], [ny - 0.18, dy + DEV_H / 2], color="#b7791f", lw=0.7, alpha=0.6, zorder=1.6)
-            used.add("nic")
+    for place in nic_places(topo, pos, boxes):
+        ax.add_patch(FancyBboxPatch((place.x - place.width / 2, place.y - NIC_H / 2), place.width, NIC_H,
+                                    boxstyle="round,pad=0.01,rounding_size=0.05",
+                                    fc="#fff4d6", ec="#b7791f", lw=0.8, zorder=4, transform=tr))
+        if not small:
+            ax.text(place.x, place.y, _t(place.nic.name.replace("mlx5_", "mlx")),
+                    fontsize=5.5 if place.width < 0.7 else 6.5, ha="center", va="center", zorder=5, transform=tr)
+        for _, route in place.routes:
+            xs, ys = zip(*route)
+            ax.plot(xs, ys, color="#b7791f", lw=0.7, alpha=0.7, zorder=1.6, solid_joinstyle="round", transform=tr)
+        used.add("nic")
 
 
 def _legend_handles(used: set[str], colours: Mapping[str, str]) -> list:
@@ -335,18 +381,10 @@ def _legend_handles(used: set[str], colours: Mapping[str, str]) -> list:
     if "nic" in used:
         handles.append(Patch(fc="#fff4d6", ec="#b7791f", label="NIC (joined to its closest devices)"))
     if "mig" in used:
-        handles.append(Patch(fc=MIG_COLOURS[0], ec="#1f2933", label="MIG instance (8 memory slices)"))
+        handles.append(Patch(fc=MIG_FREE, ec="#1f2933", label="MIG instance, free (strip: 8 memory slices)"))
     for label, colour in colours.items():
-        handles.append(Patch(fc=colour, ec="#1f2933", label=label))
+        handles.append(Patch(fc=colour, ec="#1f2933", label=_t(label)))
     return handles
-
-
-def _colours(labels: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for label in labels:
-        if label not in out:
-            out[label] = ASSIGN_COLOURS[len(out) % len(ASSIGN_COLOURS)]
-    return out
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -354,49 +392,100 @@ def _save(fig: Any, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=150 if path.suffix.lower() == ".png" else None, bbox_inches="tight")
     except OSError as e:
-        raise VizError(f"{path}: cannot write the picture ({e.strerror or e}); "
-                       "expected a file name in a folder you can write to") from None
+        raise OutputPathError(f"{path}: cannot write the picture ({e.strerror or e}); "
+                              "expected a file name in a folder you can write to", path) from None
     finally:
         _plt().close(fig)
     return path
 
 
-def draw_topology(topology: NodeTopology, path: str | Path, *, assignments: Mapping[int, str] | None = None,
+def _legend_size(handles: list, scale: float) -> tuple[float, float]:
+    """Estimated size of the legend (7 pt), layout units."""
+    longest = max((len(h.get_label()) for h in handles), default=0)
+    return (0.75 + longest * 7 * 0.58 / 72) / scale, (0.1 + len(handles) * 7 * 1.6 / 72) / scale
+
+
+def _figure(blocks: list[tuple[NodeTopology, Any, str | None, float]], colours: Mapping[str, str], path: Path,
+            title: str | None) -> Path:
+    """Draw node blocks and the legend packed on one axes (see :func:`_pack`)."""
+    plt = _plt()
+    scale = blocks[0][3]
+    fig = plt.figure()
+    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
+    bounds = [_node_bounds(t, scale) for t, _, _, _ in blocks]
+    sizes = [(x1 - x0, y1 - y0) for x0, y0, x1, y1 in bounds]
+    expected: set[str] = set()
+    for topo, assign, _, _ in blocks:  # the legend's size is packed with the nodes, so it is estimated first
+        _check_assignments(topo, dict(assign or {}))
+        expected |= _legend_keys(topo)
+    if _legend_handles(expected, colours):
+        sizes.append(_legend_size(_legend_handles(expected, colours), scale))
+    origins, width, height = pack_blocks(sizes, _GAP)
+    head = (_TITLE_PT * 1.2 * 1.6 / 72) / scale if title else 0.0
+    used: set[str] = set()
+    for (topo, assign, name, _), (bx0, by0, _, _), (ox, oy) in zip(blocks, bounds, origins):
+        used |= _draw_node(ax, topo, assign, name, colours, origin=(ox - bx0, oy - by0), scale=scale)
+    handles = _legend_handles(used, colours)
+    if handles:
+        lx, ly = origins[-1]
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(lx, ly), bbox_transform=ax.transData,
+                  fontsize=7, frameon=False, borderaxespad=0.0)
+    if title:
+        ax.text(0.0, -head, _t(title), fontsize=_TITLE_PT * 1.2, ha="left", va="top")
+    margin = 0.15
+    fig.set_size_inches((width + 2 * margin) * scale, (height + head + 2 * margin) * scale)
+    ax.set_xlim(-margin, width + margin)
+    ax.set_ylim(height + margin, -head - margin)
+    ax.axis("off")
+    return _save(fig, path)
+
+
+def _legend_keys(topo: NodeTopology) -> set[str]:
+    """The legend entries a node's drawing uses (as :func:`_draw_node` returns them)."""
+    keys: set[str] = set()
+    for l in drawn_links(topo):
+        keys.add(f"kind:{l.kind}" if l.direct else f"pcie:{l.pcie}")
+    for _, kind, _ in _all_to_all(topo):
+        keys.add(f"kind:{kind}")
+    if any(d.mig_mode or d.partitions for d in topo.devices):
+        keys.add("mig")
+    if topo.devices and nic_places(topo, *_layout(topo)):
+        keys.add("nic")
+    return keys
+
+
+def draw_topology(topology: NodeTopology, path: str | Path, *, assignments: Assignments | None = None,
                   title: str | None = None) -> Path:
     """Draw one node's topology to ``path`` (``.png`` or ``.svg``).
 
     Args:
         topology: the node.
         path: output file; its suffix picks the format. Parent folders are created.
-        assignments: device index -> label of the work holding it (drawn highlighted, with a legend).
+        assignments: who holds what: ``{device index: label}`` for whole devices and
+            ``{Partition.key: label}`` (e.g. ``"0:mig7"``) for MIG instances; each label
+            gets one colour, shown in the legend.
         title: picture title (default: the topology's name).
 
     Returns:
         The path written.
 
     Raises:
-        VizError: unsupported suffix, a path that cannot be written, or an assignment to a device
-            the topology lacks.
+        VizError: unsupported suffix, or an assignment to a device or MIG instance the topology lacks.
+        OutputPathError: a path that cannot be written (checked before drawing).
     """
     p = _check_path(path)
-    plt = _plt()
-    w, h = _extent(topology)
-    scale = 0.85 if len(topology.devices) <= 24 else 0.55
-    fig, ax = plt.subplots(figsize=(max(6.0, w * scale + 3.2), max(3.5, h * scale + 1.0)))
-    colours = _colours(list((assignments or {}).values()))
-    used = _draw_node(ax, topology, assignments, title, colours)
-    handles = _legend_handles(used, colours)
-    if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
-    return _save(fig, p)
+    colours = holder_colours(list((assignments or {}).values()))
+    scale = SCALE_NODE if len(topology.devices) <= SMALL_ABOVE else SCALE_SMALL
+    return _figure([(topology, assignments, title, scale)], colours, p, None)
 
 
-def draw_cluster(nodes: Sequence[tuple[str, NodeTopology, Mapping[int, str]]], path: str | Path,
+def draw_cluster(nodes: Sequence[tuple[str, NodeTopology, Assignments]], path: str | Path,
                  title: str | None = None) -> Path:
-    """Draw several nodes side by side, each with its assignments.
+    """Draw several nodes packed tightly (in order, row by row), each with its assignments.
 
     Args:
-        nodes: ``(node name, topology, {device index: work label})`` per node.
+        nodes: ``(node name, topology, assignments)`` per node; assignments as for
+            :func:`draw_topology`. A label has the same colour on every node.
         path: output file (``.png`` or ``.svg``).
         title: picture title.
 
@@ -404,34 +493,12 @@ def draw_cluster(nodes: Sequence[tuple[str, NodeTopology, Mapping[int, str]]], p
         The path written.
 
     Raises:
-        VizError: no nodes, unsupported suffix, a path that cannot be written, or an assignment to an
-            unknown device.
+        VizError: no nodes, unsupported suffix, or an assignment to an unknown device or MIG instance.
+        OutputPathError: a path that cannot be written (checked before drawing).
     """
     p = _check_path(path)
     if not nodes:
         raise VizError("draw_cluster needs at least one (name, topology, assignments) node")
-    plt = _plt()
-    extents = [_extent(t) for _, t, _ in nodes]
-    # Two nodes per row keeps the picture readable (a single row of 4 nodes is ~6:1).
-    cols = 1 if len(nodes) == 1 else 2
-    rows = [list(range(i, min(i + cols, len(nodes)))) for i in range(0, len(nodes), cols)]
-    row_w = [sum(max(3.0, extents[i][0] * 0.6) for i in r) for r in rows]
-    row_h = [max(max(2.5, extents[i][1] * 0.6) for i in r) + 0.8 for r in rows]
-    fig = plt.figure(figsize=(max(row_w) + 3.0, sum(row_h) + 0.8))
-    outer = fig.add_gridspec(len(rows), 1, height_ratios=row_h)
-    axes_list = []
-    for k, r in enumerate(rows):
-        ratios = [max(1.0, extents[i][0]) for i in r] + ([max(1.0, extents[r[0]][0])] * (cols - len(r)))
-        inner = outer[k].subgridspec(1, cols, width_ratios=ratios)
-        axes_list += [fig.add_subplot(inner[0, j]) for j in range(len(r))]
-    colours = _colours([label for _, _, a in nodes for label in (a or {}).values()])
-    used: set[str] = set()
-    for ax, (name, topo, assign) in zip(axes_list, nodes):
-        used |= _draw_node(ax, topo, assign, name, colours)
-    handles = _legend_handles(used, colours)
-    if handles:
-        fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=7, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=12, x=0.02, ha="left")
-    fig.tight_layout()
-    return _save(fig, p)
+    colours = holder_colours([str(label) for _, _, a in nodes for label in (a or {}).values()])
+    blocks = [(topo, assign, name, SCALE_CLUSTER) for name, topo, assign in nodes]
+    return _figure(blocks, colours, p, title)

@@ -6,11 +6,12 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import RayaccelError
 from ..transfer import MODEL, Endpoint, plan
 from ..units import format_bytes, parse_bytes
-from ._common import console, fail, print_json
+from ._common import console, fail, plain, print_json, warn_line
 
 LOCAL = "local"
 
@@ -27,6 +28,20 @@ def _endpoint(text: str, default_node: str, topologies: dict[str, object], which
         except ValueError:
             fail(f"{which}: cannot read {text!r}; expected a device index (3), 'host', or NODE:INDEX (nodeB:3)")
     return Endpoint(node, device, topologies.get(node, topologies[LOCAL]))  # type: ignore[arg-type]
+
+
+def _load(source: str):
+    """The topology of ``source``; capture warnings become ``warning:`` lines (not Python warnings).
+
+    Raises:
+        RayaccelError: as :func:`rayaccel.discovery.load.load_topology`.
+    """
+    from ..discovery.load import load_topology_with_warnings
+
+    topo, warns = load_topology_with_warnings(source)
+    for w in warns:
+        warn_line(w)
+    return topo
 
 
 def register(topo_app: typer.Typer) -> None:
@@ -48,16 +63,14 @@ def register(topo_app: typer.Typer) -> None:
     ) -> None:
         """Show the route bytes take from A to B (NVLink, PCIe P2P, staged, GPUDirect RDMA, TCP) and the modeled time."""
         try:
-            from ..discovery.load import load_topology
-
             size = parse_bytes(nbytes, "--bytes")
             if topology is not None:
-                local = load_topology(topology)
+                local = _load(topology)
             else:
-                from ..discovery import discover
+                from .topo import discover_here
 
-                local = discover()
-            remote = load_topology(remote_topology) if remote_topology is not None else local
+                local = discover_here()
+            remote = _load(remote_topology) if remote_topology is not None else local
             topos = {LOCAL: local}
             a = _endpoint(src, LOCAL, topos, "A")
             if a.node != LOCAL:
@@ -73,12 +86,12 @@ def register(topo_app: typer.Typer) -> None:
         t = Table(show_header=False, box=None, pad_edge=False)
         t.add_column(style="bold")
         t.add_column()
-        t.add_row("route", f"[bold cyan]{p.route}[/]")
-        t.add_row("path", " -> ".join(p.hops))
+        t.add_row("route", Text(str(p.route), style="bold cyan"))
+        t.add_row("path", plain(" -> ".join(p.hops)))
         t.add_row("bytes", format_bytes(p.nbytes))
         t.add_row("bandwidth", f"{p.bandwidth_gbps:g} GB/s (modeled, per direction)")
         t.add_row("time", f"{_seconds(p.seconds)} (latency {_seconds(p.latency_s)} + bytes / bandwidth)")
-        t.add_row("why", p.reason)
+        t.add_row("why", plain(p.reason))
         console.print(t)
         console.print(f"[dim]model constants: rayaccel.transfer.MODEL ({len(MODEL)} values); "
                       "link bandwidths: rayaccel.topology tables[/]")

@@ -12,6 +12,7 @@ table and a summary line. ``--json`` prints exactly ``NodeTopology.to_dict()``.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -23,7 +24,7 @@ from rich.text import Text
 from ..errors import BackendUnavailable, RayaccelError
 from ..topology import PCIE_CLASSES, Link, NodeTopology
 from ..units import format_bytes
-from ._common import console, err_console, fail, na, print_json, warn_line
+from ._common import console, err_console, fail, na, plain, print_json, warn_line
 
 #: Beyond this many devices the matrix becomes a per-device neighbour list.
 MATRIX_MAX_DEVICES = 16
@@ -132,7 +133,7 @@ def _neighbours(topo: NodeTopology) -> Table:
                   pad_edge=False, padding=(0, 1))
     table.add_column("dev", style="bold", justify="right")
     table.add_column("links")
-    rows: dict[str, list[int]] = defaultdict(list)  # identical rows are merged
+    rows: dict[str, tuple[Text, list[int]]] = {}  # identical rows are merged
     for a in topo.indices:
         groups: dict[str, tuple[Link, list[int]]] = {}
         for b in topo.indices:
@@ -151,9 +152,9 @@ def _neighbours(topo: NodeTopology) -> Table:
                 text.append(f" to all {len(peers)} others")
             else:
                 text.append(f" to {_index_ranges(peers)}")
-        rows[text.markup].append(a)
-    for markup, devs in rows.items():
-        table.add_row(_index_ranges(devs), Text.from_markup(markup))
+        rows.setdefault(text.markup, (text, []))[1].append(a)
+    for text, devs in rows.values():
+        table.add_row(_index_ranges(devs), text)
     return table
 
 
@@ -176,7 +177,7 @@ def _devices(topo: NodeTopology) -> Table:
     if same["compute_capability"] and devs[0].compute_capability:
         common.append(f"compute capability {devs[0].compute_capability}")
     title = "Devices" + (f": {len(devs)}x " + ", ".join(common) if common else "")
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=plain(title), title_justify="left", header_style="bold")
     cols = [("#", "right")]
     cols += [] if same["model"] else [("model", "left")]
     cols += [] if same["memory_bytes"] else [("memory", "right")]
@@ -194,13 +195,13 @@ def _devices(topo: NodeTopology) -> Table:
             mig = f"off, {len(d.mig_profiles)} profiles" if d.mig_profiles else "off"
         else:
             mig = na(None)
-        health = Text(d.health, style={"ok": "green", "degraded": "yellow", "failed": "bold red"}.get(d.health, "dim"))
+        health = Text(str(d.health), style={"ok": "green", "degraded": "yellow", "failed": "bold red"}.get(d.health, "dim"))
         row: list = [str(d.index)]
-        row += [] if same["model"] else [na(d.model)]
+        row += [] if same["model"] else [plain(d.model)]
         row += [] if same["memory_bytes"] else [format_bytes(d.memory_bytes) if d.memory_bytes is not None else na(None)]
-        row += [na(d.numa_node), cpu_ranges(d.cpus), na(d.pci_bus_id)]
-        row += [] if same["compute_capability"] else [na(d.compute_capability)]
-        row += [mig, health]
+        row += [na(d.numa_node), cpu_ranges(d.cpus), plain(d.pci_bus_id)]  # a bus id ':AB:' is not an emoji
+        row += [] if same["compute_capability"] else [plain(d.compute_capability)]
+        row += [plain(mig), health]
         table.add_row(*row)
     return table
 
@@ -222,14 +223,14 @@ def _nics(topo: NodeTopology) -> Table:
             text.append(f" {_index_ranges(by_cls[cls])}")
         if not best:
             text.append("SYS to all" if by_cls else na(None), style="dim")
-        table.add_row(f"NIC{k}", nic.name, na(nic.numa_node), "yes" if nic.rdma else "no", text)
+        table.add_row(f"NIC{k}", plain(nic.name), na(nic.numa_node), "yes" if nic.rdma else "no", text)
     return table
 
 
 def render(topo: NodeTopology, title: str | None = None) -> None:
     """Print the human view of ``topo`` on the console."""
     head = title or topo.name or topo.hostname or "this machine"
-    console.print(Text.assemble((head, "bold"), "  ", (summary(topo), "")))
+    console.print(Text.assemble((str(head), "bold"), "  ", (summary(topo), "")))
     if topo.driver or topo.hostname:
         console.print(Text(f"host {na(topo.hostname)}, driver {na(topo.driver)}", style="dim"))
     if not topo.devices:
@@ -261,19 +262,76 @@ def render(topo: NodeTopology, title: str | None = None) -> None:
             console.print(Text(f"  - {s}", style="dim"), soft_wrap=True)
 
 
+def _first_clause(reason: str) -> str:
+    """``"no NVIDIA driver: nvmlInit failed: ..."`` -> ``"no NVIDIA driver"`` (up to the first ': ' or ' (')."""
+    return reason.split(": ", 1)[0].split(" (", 1)[0].strip()
+
+
+def no_accelerators(e: BackendUnavailable) -> str:
+    """One short line for "discovery found nothing here": why, in a few words each, and what to do instead.
+
+    Args:
+        e: what :func:`rayaccel.discovery.discover` raised (``e.reasons`` lists each backend tried).
+    """
+    from ..catalog import DEFAULT
+
+    if e.reasons:
+        why = "; ".join(f"{name}: {_first_clause(reason)}" for name, reason in e.reasons)
+    else:
+        why = f"{e.backend}: {_first_clause(e.reason)}" if e.backend else _first_clause(e.reason)
+    return (f"No accelerators found here: no GPU this machine can use ({why}). "
+            f"To look at a known machine: rayaccel topo show --topology {DEFAULT} (list: rayaccel topo list); "
+            f"to simulate one: RAYACCEL_TOPOLOGY={DEFAULT} rayaccel topo show. Details: rayaccel topo backends")
+
+
+def discover_here(backend: Optional[str] = None) -> NodeTopology:
+    """:func:`rayaccel.discovery.discover`, printing each skipped broken plugin as one ``warning:`` line.
+
+    Raises:
+        typer.Exit: (after one ``error:`` line) nothing was found, or a backend failed.
+    """
+    from ..discovery import discover
+    from ..discovery.registry import PluginWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PluginWarning)
+        try:
+            topo = discover(backend)
+        except BackendUnavailable as e:
+            fail(no_accelerators(e))
+        except RayaccelError as e:
+            fail(str(e))
+        finally:
+            for w in caught:
+                if issubclass(w.category, PluginWarning):
+                    warn_line(str(w.message))
+    return topo
+
+
 def check_picture_paths(svg: Optional[Path], png: Optional[Path]) -> None:
-    """Reject a ``--svg``/``--png`` path with the wrong suffix or that is a directory, before any work.
+    """Reject a ``--svg``/``--png`` path with the wrong suffix, a directory, or one in a folder that
+    cannot be written (:func:`rayaccel.viz.check_output_file`), before any work.
 
     Raises:
         typer.Exit: after printing ``error: ...`` (exit code 2).
     """
+    from ..discovery.load import path_kind
+    from ..units import shorten
+
     for path, suffix in ((svg, ".svg"), (png, ".png")):
         if path is None:
             continue
+        shown = shorten(path, 200, quote=False)
         if path.suffix.lower() != suffix:
-            fail(f"--{suffix[1:]} {path}: the file name must end in {suffix}")
-        if path.is_dir():
-            fail(f"--{suffix[1:]} {path}: is a directory; expected a file name ending in {suffix}")
+            fail(f"--{suffix[1:]} {shown}: the file name must end in {suffix}")
+        if path_kind(path)[0] == "dir":
+            fail(f"--{suffix[1:]} {shown}: is a directory; expected a file name ending in {suffix}")
+        from ..viz import check_output_file
+
+        try:
+            check_output_file(path, suffixes=None)
+        except RayaccelError as e:
+            fail(f"--{suffix[1:]} {e}")
 
 
 def _pictures(topo: NodeTopology, svg: Optional[Path], png: Optional[Path]) -> None:
@@ -318,29 +376,21 @@ def register(app: typer.Typer) -> typer.Typer:
         as_json: bool = json_opt, svg: Optional[Path] = svg_opt, png: Optional[Path] = png_opt,
     ) -> None:
         """Show this machine's topology, or a named one (--topology)."""
-        from ..catalog import DEFAULT
-
         if topology is not None and backend is not None:
             fail(f"--topology {topology} and --backend {backend} exclude each other; give --topology to look at a "
                  "named machine or file, or --backend to discover this machine with one backend")
         check_picture_paths(svg, png)
-        try:
-            if topology is not None:
-                from ..discovery.load import load_topology_with_warnings
+        if topology is not None:
+            from ..discovery.load import load_topology_with_warnings
 
+            try:
                 topo, warns = load_topology_with_warnings(topology)
-                for w in warns:
-                    warn_line(w)
-            else:
-                from ..discovery import discover
-
-                topo = discover(backend)
-        except BackendUnavailable as e:
-            fail(f"{e}. No accelerators found here; to look at a known machine instead: "
-                 f"rayaccel topo show --topology {DEFAULT} (see `rayaccel topo list`), "
-                 f"or set RAYACCEL_TOPOLOGY={DEFAULT} to simulate one.")
-        except RayaccelError as e:
-            fail(str(e))
+            except RayaccelError as e:
+                fail(str(e))
+            for w in warns:
+                warn_line(w)
+        else:
+            topo = discover_here(backend)
         _output(topo, as_json, svg, png)
 
     @topo_app.command("import")
@@ -356,11 +406,17 @@ def register(app: typer.Typer) -> typer.Typer:
 
         if name is not None and not name.strip():
             fail("--name: empty; expected a name for the imported topology, e.g. --name dgx-a100-rack3")
+        from ..discovery.load import path_kind
+        from ..units import shorten
+
         for f in files:
-            if f.is_dir():
-                fail(f"{f}: is a directory; expected a capture file or a topology JSON file")
-            if not f.is_file():
-                fail(f"{f}: no such file; expected a capture file or a topology JSON file")
+            kind, why = path_kind(f)
+            shown = shorten(f, 200, quote=False)
+            if kind == "dir":
+                fail(f"{shown}: is a directory; expected a capture file or a topology JSON file")
+            if kind != "file":
+                what = "no such file" if why.startswith("tried ") else why
+                fail(f"{shown}: {what}; expected a capture file or a topology JSON file")
         check_picture_paths(svg, png)
         try:
             topo, warns = load_topology_with_warnings([str(f) for f in files], name=name)
@@ -381,14 +437,18 @@ def register(app: typer.Typer) -> typer.Typer:
 
         infos = backend_infos()
         if as_json:
-            print_json([{"name": i.name, "available": i.available, "reason": i.reason, "hint": i.hint} for i in infos])
+            print_json([{"name": i.name, "available": i.available, "broken": i.broken, "reason": i.reason,
+                         "hint": i.hint} for i in infos])
             return
         table = Table(title="Discovery backends", title_justify="left", header_style="bold")
         for col in ("backend", "status", "reason", "hint"):
             table.add_column(col, overflow="fold")
         for i in infos:
-            status = Text("available", style="green") if i.available else Text("unavailable", style="red")
-            table.add_row(i.name, status, i.reason or "", i.hint or "")
+            if i.available:
+                status = Text("available", style="green")
+            else:
+                status = Text("broken", style="bold red") if i.broken else Text("unavailable", style="yellow")
+            table.add_row(plain(i.name), status, plain(i.reason or ""), plain(i.hint or ""))
         console.print(table)
 
     @topo_app.command("list")
@@ -410,6 +470,7 @@ def register(app: typer.Typer) -> typer.Typer:
         table.add_column("devices", justify="right")
         table.add_column("description", overflow="fold")
         for r in rows:
-            table.add_row(r["name"] + (" (default)" if r["default"] else ""), str(r["devices"]), r["description"])
+            table.add_row(plain(r["name"] + (" (default)" if r["default"] else "")), str(r["devices"]),
+                          plain(r["description"]))
         console.print(table)
     return topo_app

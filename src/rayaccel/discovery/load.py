@@ -15,20 +15,26 @@ backend (``RAYACCEL_TOPOLOGY``) use.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Sequence, Union
 
 from ..errors import CaptureError, CatalogError, TopologyError
 from ..topology import NodeTopology
+from ..units import shorten
 
 log = logging.getLogger(__name__)
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 __all__ = ["CaptureWarning", "load_topology", "load_topology_with_warnings"]
+
+#: Largest topology JSON file read, bytes (the biggest catalog machine is ~60 KiB).
+MAX_TOPOLOGY_FILE_BYTES = 64 << 20
 
 
 class CaptureWarning(UserWarning):
@@ -81,7 +87,8 @@ def load_topology_with_warnings(source: Source, *, name: str | None = None) -> t
         for k, p in enumerate(items):
             if not isinstance(p, (str, os.PathLike)):
                 raise TopologyError(f"source {k}: expected a capture file path or capture text, got {type(p).__name__}")
-        missing = [str(p) for p in items if not _is_text_capture_arg(p) and not Path(p).is_file()]
+        missing = [shorten(p, 200, quote=False) for p in items
+                   if not _is_text_capture_arg(p) and path_kind(Path(p))[0] != "file"]
         if missing:
             raise CaptureError(f"not a file: {', '.join(missing)} (several sources must all be capture files)", missing[0])
         for p in items:
@@ -92,6 +99,33 @@ def load_topology_with_warnings(source: Source, *, name: str | None = None) -> t
     raise TopologyError(
         f"cannot load a topology from {type(source).__name__}; expected a catalog name, a file path or a list of capture files"
     )
+
+
+def path_kind(path: Path) -> tuple[str | None, str]:
+    """``("file" | "dir" | "other" | None, why)`` without raising: None is absent or not usable as a path.
+
+    ``why`` says what was found (for messages): ``"tried /abs/path"``, ``"too long for a file name"``,
+    ``"cannot access it: Permission denied"``, ``"a character device"``.
+    """
+    try:
+        st = path.stat()
+    except ValueError:  # an embedded NUL byte
+        return None, "not usable as a file name (it contains a NUL byte)"
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            return None, "too long for a file name"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            try:
+                where = str(path.absolute())
+            except OSError:  # the working directory is gone
+                where = str(path)
+            return None, f"tried {shorten(where, 200, quote=False)}"
+        return None, f"cannot access it: {e.strerror or e}"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir", "a directory"
+    if stat.S_ISREG(st.st_mode):
+        return "file", "a file"
+    return "other", "not a regular file (a device, a pipe or a socket)"
 
 
 def _is_text_capture_arg(item: object) -> bool:
@@ -123,15 +157,25 @@ def _load_one(source: str | os.PathLike, name: str | None) -> tuple[NodeTopology
         if key in catalog.names():
             return catalog.load(key), ()
     path = Path(source)
-    if path.is_dir():
-        raise TopologyError(f"{path}: is a directory; expected a topology JSON file or a text capture")
-    if not path.is_file():
-        close = catalog.suggest(str(source))
+    kind, why = path_kind(path)
+    if kind == "dir":
+        raise TopologyError(f"{shorten(path, 200, quote=False)}: is a directory; expected a topology JSON file or a text capture")
+    if kind == "other":
+        raise TopologyError(f"{shorten(path, 200, quote=False)}: {why}; expected a topology JSON file or a text capture")
+    if kind is None:
+        close = catalog.suggest(str(source)[:100])
         did_you_mean = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
         raise CatalogError(
-            f"{str(source)!r} is not a catalog machine ({did_you_mean}known: {', '.join(catalog.names())}) "
-            f"and not a file (tried {path.resolve()})"
+            f"{shorten(str(source), 80)} is not a catalog machine ({did_you_mean}known: {', '.join(catalog.names())}) "
+            f"and not a file ({why})"
         )
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise TopologyError(f"{path}: cannot read: {e.strerror}") from None
+    if size > MAX_TOPOLOGY_FILE_BYTES:
+        raise TopologyError(f"{path}: {size} bytes, larger than any topology ({MAX_TOPOLOGY_FILE_BYTES} bytes at most); "
+                            "expected a topology JSON file or a text capture")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

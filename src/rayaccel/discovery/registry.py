@@ -10,7 +10,15 @@ or non-callable ``available``/``discover``, a ``name`` that is not the name it i
 registered under) is turned into a :class:`~rayaccel.errors.PluginError` that
 names the plugin and what is wrong. :func:`backends` keeps working when one
 plugin is broken: the broken one is listed as an unavailable backend whose
-``available()`` carries that error, and :func:`get_backend` raises it.
+``available()`` carries that error (``BackendInfo.broken``), and :func:`get_backend`
+raises it.
+
+A plugin is code rayaccel does not control, so every call into one is guarded: an
+import that raises or calls ``sys.exit``, an ``available()`` that raises or returns
+the wrong type, a ``discover()`` that raises or returns something other than a valid
+:class:`~rayaccel.topology.NodeTopology`, each becomes a :class:`PluginError` naming
+the plugin. One bad plugin degrades only itself: :func:`discover` without a backend
+name skips it (with a :class:`PluginWarning` naming it) and goes on to the next one.
 
 Writing a plugin::
 
@@ -31,6 +39,7 @@ import importlib
 import importlib.metadata
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
@@ -45,11 +54,20 @@ HARDWARE_ORDER = ("nvidia", "amd")
 SIMULATED = "simulated"
 #: Environment variable that makes :func:`discover` use the simulated backend.
 TOPOLOGY_ENV = "RAYACCEL_TOPOLOGY"
+#: What a plugin call may raise that is the plugin's fault (``sys.exit`` included); Ctrl-C still stops.
+_PLUGIN_FAULTS = (Exception, SystemExit)
+#: Longest reason or hint kept from a plugin's BackendInfo, characters.
+_MAX_REASON = 500
+
+
+class PluginWarning(UserWarning):
+    """A backend was skipped by :func:`discover` because it is broken (the message names it)."""
 
 __all__ = [
     "Backend",
     "BackendInfo",
     "ENTRY_POINT_GROUP",
+    "PluginWarning",
     "backend_infos",
     "backends",
     "discover",
@@ -68,12 +86,16 @@ class BackendInfo:
         available: True when :meth:`Backend.discover` can be expected to work.
         reason: why it is unavailable (None when available).
         hint: what to install or set to make it available (None when nothing helps).
+        broken: True when the backend itself is at fault (a plugin that cannot be
+            imported, does not conform, or whose ``available()`` raised), as opposed
+            to a library or driver that is simply absent here.
     """
 
     name: str
     available: bool
     reason: str | None = None
     hint: str | None = None
+    broken: bool = False
 
 
 @runtime_checkable
@@ -120,7 +142,8 @@ class _BrokenBackend:
         self.error = error
 
     def available(self) -> BackendInfo:
-        return BackendInfo(self.name, False, str(self.error), "fix or uninstall the package that provides this plugin")
+        return BackendInfo(self.name, False, str(self.error), "fix or uninstall the package that provides this plugin",
+                           broken=True)
 
     def discover(self) -> NodeTopology:
         raise self.error
@@ -220,11 +243,21 @@ def _resolve(entry: _Entry) -> Factory:
         obj: Any = importlib.import_module(module.strip())
         for part in attr.strip().split("."):
             obj = getattr(obj, part)
-    except Exception as e:  # any failure to import a plugin is reported, typed, with its name
-        raise PluginError(f"cannot import {factory!r} ({entry.origin}): {type(e).__name__}: {e}", backend=entry.name) from e
+    except _PLUGIN_FAULTS as e:  # any failure to import a plugin (sys.exit too) is reported, typed, with its name
+        raise PluginError(f"cannot import {factory!r} ({entry.origin}): {_describe(e)}", backend=entry.name) from e
     if not callable(obj):
         raise PluginError(f"{factory!r} is not callable (got {type(obj).__name__})", backend=entry.name)
     return obj
+
+
+def _describe(e: BaseException) -> str:
+    """``"ValueError: text"`` of a plugin's exception, kept to one short line."""
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r})"
+    text = " ".join(str(e).split())
+    if len(text) > _MAX_REASON:
+        text = text[:_MAX_REASON - 1] + "…"
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def validate_backend(obj: Any, name: str) -> Any:
@@ -233,6 +266,15 @@ def validate_backend(obj: Any, name: str) -> Any:
     Raises:
         PluginError: naming the plugin and every problem found.
     """
+    try:
+        return _validate(obj, name)
+    except PluginError:
+        raise
+    except _PLUGIN_FAULTS as e:  # e.g. a 'name' property that raises
+        raise PluginError(f"{type(obj).__name__} cannot be inspected: {_describe(e)}", backend=name) from e
+
+
+def _validate(obj: Any, name: str) -> Any:
     problems = []
     for method in ("available", "discover"):
         if not hasattr(obj, method):
@@ -258,8 +300,10 @@ def _instantiate(entry: _Entry) -> Any:
         obj = factory()
     except RayaccelError:
         raise
-    except Exception as e:  # a factory bug is the plugin's: report it with its name
-        raise PluginError(f"factory {getattr(factory, '__qualname__', factory)!r} raised {type(e).__name__}: {e}", backend=entry.name) from e
+    except _PLUGIN_FAULTS as e:  # a factory bug is the plugin's: report it with its name
+        what = "raised" if not isinstance(e, SystemExit) else "failed:"
+        raise PluginError(f"factory {getattr(factory, '__qualname__', factory)!r} {what} {_describe(e)}",
+                          backend=entry.name) from e
     return validate_backend(obj, entry.name)
 
 
@@ -312,23 +356,67 @@ def backends() -> dict[str, Backend]:
     return {n: _get(n) for n in names}
 
 
-def _info(backend: Any) -> BackendInfo:
-    """``backend.available()``, with a misbehaving plugin reported rather than raised."""
-    name = backend.name
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = " ".join(str(value).split())
+    return text if len(text) <= _MAX_REASON else text[:_MAX_REASON - 1] + "…"
+
+
+def _info(backend: Any, name: str | None = None) -> BackendInfo:
+    """``backend.available()``, with a misbehaving plugin reported (``broken=True``) rather than raised.
+
+    The answer always carries the registered ``name`` and plain, bounded text fields.
+    """
+    name = name if name is not None else backend.name
+    author = "report this to the plugin's author"
     try:
         info = backend.available()
+    except BackendUnavailable as e:
+        return BackendInfo(name, False, _text(e.reason), _text(e.hint) or None)
     except RayaccelError as e:
-        return BackendInfo(name, False, str(e), None)
-    except Exception as e:  # a plugin bug: report it as the reason, with its name
-        return BackendInfo(name, False, f"available() raised {type(e).__name__}: {e}", "report this to the plugin's author")
+        return BackendInfo(name, False, _text(e), None, broken=isinstance(e, PluginError))
+    except _PLUGIN_FAULTS as e:  # a plugin bug: report it as the reason, with its name
+        return BackendInfo(name, False, f"available() raised {_describe(e)}", author, broken=True)
     if not isinstance(info, BackendInfo):
-        return BackendInfo(name, False, f"available() returned {type(info).__name__}, expected BackendInfo", "report this to the plugin's author")
+        return BackendInfo(name, False, f"available() returned {type(info).__name__}, expected BackendInfo", author,
+                           broken=True)
+    if info.name != name or not isinstance(info.available, bool) or not all(
+            v is None or isinstance(v, str) for v in (info.reason, info.hint)):
+        info = BackendInfo(name, bool(info.available), _text(info.reason), _text(info.hint), bool(info.broken))
+    elif any(v is not None and len(v) > _MAX_REASON for v in (info.reason, info.hint)):
+        info = BackendInfo(name, info.available, _text(info.reason), _text(info.hint), info.broken)
     return info
 
 
 def backend_infos() -> list[BackendInfo]:
-    """:class:`BackendInfo` of every registered backend, in :func:`backends` order."""
-    return [_info(b) for b in backends().values()]
+    """:class:`BackendInfo` of every registered backend, in :func:`backends` order (never raises for a plugin)."""
+    return [_info(b, n) for n, b in backends().items()]
+
+
+def _discover_with(name: str, backend: Any) -> NodeTopology:
+    """``backend.discover()``, checked: a valid NodeTopology, or a typed error naming the backend.
+
+    Raises:
+        BackendUnavailable: as the backend raised it. BackendError, CatalogError, TopologyError,
+            CaptureError: a RayaccelError the backend raised on purpose (passed on).
+        PluginError: it raised anything else (``sys.exit`` included), or returned something
+            that is not a valid NodeTopology.
+    """
+    try:
+        topo = backend.discover()
+    except RayaccelError:
+        raise
+    except _PLUGIN_FAULTS as e:
+        raise PluginError(f"discover() raised {_describe(e)}", backend=name) from e
+    if not isinstance(topo, NodeTopology):
+        raise PluginError(f"discover() returned {type(topo).__name__}, expected a NodeTopology", backend=name)
+    try:
+        return topo.validate()
+    except RayaccelError as e:
+        raise PluginError(f"discover() returned an invalid topology: {e}", backend=name) from None
+    except _PLUGIN_FAULTS as e:  # fields of the wrong type that validate() cannot even compare
+        raise PluginError(f"discover() returned an invalid topology: {_describe(e)}", backend=name) from None
 
 
 def _simulate_hint() -> str:
@@ -354,19 +442,28 @@ def discover(backend: str | None = None) -> NodeTopology:
         BackendError: the chosen backend failed, or ``backend`` is unknown.
     """
     if backend is not None:
-        return get_backend(backend).discover()
+        return _discover_with(backend, get_backend(backend))
     if os.environ.get(TOPOLOGY_ENV):
-        return get_backend(SIMULATED).discover()
-    reasons = []
+        return _discover_with(SIMULATED, get_backend(SIMULATED))
+    reasons: list[tuple[str, str]] = []
+    builtin = {*HARDWARE_ORDER, SIMULATED}
     for name, b in backends().items():
         if name == SIMULATED:
             continue
-        info = _info(b)
+        info = _info(b, name)
         if not info.available:
-            reasons.append(f"{name}: {info.reason}" + (f" ({info.hint})" if info.hint else ""))
+            reasons.append((name, f"{info.reason}" + (f" ({info.hint})" if info.hint else "")))
+            if info.broken:
+                warnings.warn(f"backend {name!r} is broken and was skipped: {info.reason}", PluginWarning, stacklevel=2)
             continue
         try:
-            return b.discover()
+            return _discover_with(name, b)
         except BackendUnavailable as e:
-            reasons.append(f"{name}: {e.reason}" + (f" ({e.hint})" if e.hint else ""))
-    raise BackendUnavailable("auto", "no accelerator backend is available here: " + "; ".join(reasons), _simulate_hint())
+            reasons.append((name, f"{e.reason}" + (f" ({e.hint})" if e.hint else "")))
+        except RayaccelError as e:
+            if name in builtin and not isinstance(e, PluginError):
+                raise  # a built-in that fails on real hardware is an answer, not something to skip
+            reasons.append((name, str(e)))
+            warnings.warn(f"backend {name!r} failed and was skipped: {e}", PluginWarning, stacklevel=2)
+    raise BackendUnavailable("auto", "no accelerator backend is available here: "
+                             + "; ".join(f"{n}: {r}" for n, r in reasons), _simulate_hint(), reasons=tuple(reasons))

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from ..errors import BackendUnavailable
 from ..topology import NodeTopology
+from ..units import shorten
 from .registry import TOPOLOGY_ENV, BackendInfo
 
 _HINT = (
@@ -46,7 +47,7 @@ class SimulatedBackend:
         if not value:
             return None
         parts = [p for p in value.split(os.pathsep) if p]
-        if len(parts) > 1 and all(Path(p).is_file() for p in parts):
+        if len(parts) > 1 and all(_is_file(Path(p)) for p in parts):
             return parts
         return value
 
@@ -56,8 +57,8 @@ class SimulatedBackend:
         if src is None:
             return BackendInfo(self.name, False, f"{TOPOLOGY_ENV} is not set", _HINT)
         for p in _paths(src):
-            if not p.exists():
-                return BackendInfo(self.name, False, f"{p}: no such file", _HINT)
+            if not _exists(p):
+                return BackendInfo(self.name, False, f"{shorten(p, 200, quote=False)}: no such file", _HINT)
         return BackendInfo(self.name, True)
 
     def discover(self) -> NodeTopology:
@@ -78,6 +79,21 @@ class SimulatedBackend:
         if isinstance(src, (list, tuple)):
             return load_topology([str(p) for p in src])
         return load_topology(str(src))
+
+
+def _is_file(p: Path) -> bool:
+    """``p.is_file()`` that is False (not an OSError) for names too long or not accessible."""
+    try:
+        return p.is_file()
+    except OSError:
+        return False
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:
+        return False
 
 
 def _paths(src: Source) -> list[Path]:

@@ -2,7 +2,7 @@
 
 A :class:`~rayaccel.memory.Handle` of a store with sharing enabled pickles to a
 :class:`SharedObject`: the owner copies the object's bytes once into a named
-POSIX shared-memory segment (``/dev/shm/rayaccel_<pid>-<start>_<n>``) and the
+POSIX shared-memory segment (``/dev/shm/rayaccel_<pid>-<start>_u<uid>_<n>``) and the
 handle carries (node id, segment name, size, CRC-32). A receiver on the same
 node attaches, copies the bytes into its own store and verifies the checksum;
 no byte goes through Ray's object store. On a real GPU an object resident on
@@ -18,6 +18,7 @@ sweeper (:mod:`rayaccel.memory.owners`) removes segments of owners that died.
 from __future__ import annotations
 
 import secrets
+import sys
 import zlib
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
@@ -29,7 +30,7 @@ import numpy as np
 from ..errors import CorruptObject, UnknownObject
 from .buffers import CudaBackend, from_cpu_bytes
 from .handle import STORES, Handle
-from .owners import SHM_PREFIX, owner_tag
+from .owners import owner_tag, segment_prefix
 
 if TYPE_CHECKING:
     from .tiers import _Entry
@@ -67,20 +68,38 @@ def local_node_id() -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
-def _untrack(shm: shared_memory.SharedMemory) -> None:
-    # Python < 3.13 registers every attach with the resource tracker, which would
-    # unlink the owner's segment when a *receiver* exits; lifetime is ours to manage.
-    try:
+#: Python >= 3.13 can open a segment without the resource tracker (``track=False``).
+_NO_TRACKER = {"track": False} if sys.version_info >= (3, 13) else {}
+
+
+def _segment(name: str, create: bool, size: int = 0) -> shared_memory.SharedMemory:
+    """Create or attach a segment that the resource tracker does not manage.
+
+    The tracker would unlink the owner's segment when a *receiver* exits (Python < 3.13
+    registers every attach); the lifetime is ours (owner unlinks, the sweeper cleans up).
+    """
+    shm = shared_memory.SharedMemory(name=name, create=create, size=size, **_NO_TRACKER)
+    if not _NO_TRACKER:
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    except (KeyError, ValueError, AttributeError):
-        pass
+    return shm
+
+
+def _unlink(shm: shared_memory.SharedMemory) -> None:
+    """Unlink a segment opened by :func:`_segment`, without a tracker ``KeyError`` traceback.
+
+    Before 3.13, ``SharedMemory.unlink()`` also unregisters the name from the resource
+    tracker; ours was unregistered at open, so the tracker process printed a ``KeyError``
+    traceback on every delete. Registering it again first keeps the tracker's books even.
+    """
+    if not _NO_TRACKER:
+        resource_tracker.register(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    shm.unlink()
 
 
 def export_bytes(data: np.ndarray) -> tuple[shared_memory.SharedMemory, int]:
     """Copy a flat uint8 CPU buffer into a new owner-tagged segment; return it and the CRC-32."""
-    name = f"{SHM_PREFIX}{owner_tag()}_{secrets.token_hex(6)}"
-    shm = shared_memory.SharedMemory(name=name, create=True, size=max(1, data.nbytes))
-    _untrack(shm)
+    name = f"{segment_prefix()}{secrets.token_hex(6)}"
+    shm = _segment(name, create=True, size=max(1, data.nbytes))
     dst = np.ndarray((data.nbytes,), dtype=np.uint8, buffer=shm.buf)
     np.copyto(dst, data)
     crc = zlib.crc32(memoryview(dst))
@@ -95,7 +114,7 @@ def close_segment(shm: shared_memory.SharedMemory) -> None:
     except BufferError:  # a view is still alive in this process; unlink anyway
         pass
     try:
-        shm.unlink()
+        _unlink(shm)
     except FileNotFoundError:
         pass
 
@@ -110,12 +129,11 @@ def import_bytes(shared: SharedObject, name: str) -> np.ndarray:
     if shared.segment is None:
         raise UnknownObject(f"object {name} has no shared-memory export")
     try:
-        shm = shared_memory.SharedMemory(name=shared.segment, create=False)
+        shm = _segment(shared.segment, create=False)
     except FileNotFoundError:
         raise UnknownObject(
             f"object {name}: shared segment {shared.segment} is gone (its owner {shared.owner} deleted it or exited)"
         ) from None
-    _untrack(shm)
     try:
         src = np.ndarray((shared.nbytes,), dtype=np.uint8, buffer=shm.buf)
         out = np.empty(shared.nbytes, dtype=np.uint8)

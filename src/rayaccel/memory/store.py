@@ -32,6 +32,7 @@ processes; :mod:`.handle` the handles; :mod:`.spill` the spill files.
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 import shutil
 import tempfile
@@ -50,12 +51,51 @@ from ..units import parse_bytes
 from . import share as _share
 from .buffers import CudaBackend, cpu_bytes, describe, from_cpu_bytes, make_backend, to_device
 from .handle import STORES, Handle
-from .owners import owner_tag, sweep
+from .owners import default_spill_root, owner_tag, private_dir, sweep
 from .spill import DEFAULT_CHUNK_BYTES, algorithm, read_spill, write_spill
 from .stats import Transfers
 from .tiers import TIERS, TierMoves, _Entry
 
 __all__ = ["TIERS", "Handle", "Store"]
+
+
+def _spill_root(spill_dir: str | Path | None) -> Path:
+    """The directory under which a store makes its own spill directory.
+
+    None: this user's private root in the system temp dir (see
+    :func:`~rayaccel.memory.owners.private_dir`). A given directory is the caller's
+    choice (e.g. a shared ``/scratch``): created if missing, and it must be a directory.
+
+    Raises:
+        StoreError: the default root fails its ownership check, or ``spill_dir`` is not a
+            directory / cannot be created (the message names the path).
+    """
+    if spill_dir is None:
+        return private_dir(default_spill_root(tempfile.gettempdir()))
+    root = Path(spill_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise StoreError(f"spill_dir {root} exists and is not a directory; give a directory") from None
+    except OSError as e:
+        raise StoreError(f"spill_dir {root} cannot be created: {e.strerror or e}; give a directory you can write")\
+            from None
+    return root
+
+
+def _own_spill_dir(root: Path) -> Path:
+    """Create this store's spill directory under ``root``: exclusive, mode 0700, owner-tagged."""
+    for _ in range(8):
+        path = root / f"rayaccel-{owner_tag()}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:  # someone took the name (vanishingly rare): draw another
+            continue
+        except OSError as e:
+            raise StoreError(f"cannot create a spill directory in {root}: {e.strerror or e}; "
+                             "give spill_dir (RAYACCEL_SPILL_DIR) a directory you can write") from None
+        return path
+    raise StoreError(f"cannot create a spill directory in {root}: every name drawn was taken")
 
 
 def _cleanup(spill_dir: Path, segments: dict) -> None:
@@ -101,11 +141,9 @@ class Store(_share.Sharing, TierMoves):
         if not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
             raise StoreError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
         self.chunk_bytes = chunk_bytes
-        root = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir()) / "rayaccel-spill"
-        root.mkdir(parents=True, exist_ok=True)
+        root = _spill_root(spill_dir)
         sweep(root)
-        self.spill_dir = root / f"rayaccel-{owner_tag()}-{secrets.token_hex(4)}"
-        self.spill_dir.mkdir()
+        self.spill_dir = _own_spill_dir(root)
         self.id = uuid.uuid4().hex
         self.node_id = node_id or _share.local_node_id()
         self.sharing = share

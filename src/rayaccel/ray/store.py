@@ -11,7 +11,8 @@ setup from the task's ``gpu_memory``), else :data:`DEFAULT_DEVICE_BYTES`; a
 later task in the same worker with another ``gpu_memory`` resizes it (spilling
 to fit). The host tier is ``RAYACCEL_HOST_MEMORY_BYTES`` or
 :data:`DEFAULT_HOST_BYTES`; ``RAYACCEL_SPILL_DIR`` and ``RAYACCEL_DISK_BYTES``
-set the disk tier (default: ``<node temp dir>/rayaccel-spill``, no limit).
+set the disk tier (default: ``<node temp dir>/rayaccel-spill-<uid>``, private to the
+user, no limit; see :func:`rayaccel.memory.owners.private_dir`).
 
 Hand-off: handles pickle to a shared export. On the same node a receiver copies
 the bytes from a shared-memory segment (or opens a CUDA IPC handle on a GPU),
@@ -43,6 +44,7 @@ import numpy as np
 
 from ..errors import CorruptObject, RequestError, StoreError
 from ..memory import Store, sweep
+from ..memory.owners import default_spill_root, private_dir
 from ..memory.share import SharedObject
 from ..units import parse_bytes
 
@@ -139,7 +141,7 @@ def store() -> Store:
             if _store.budgets["device"] != device_bytes:
                 _store.set_budget("device", device_bytes)
             return _store
-        spill = os.environ.get("RAYACCEL_SPILL_DIR") or str(_node_temp_dir() / "rayaccel-spill")
+        spill = os.environ.get("RAYACCEL_SPILL_DIR") or str(private_dir(default_spill_root(_node_temp_dir())))
         s = Store(
             device_bytes=device_bytes,
             host_bytes=_env_bytes("RAYACCEL_HOST_MEMORY_BYTES", DEFAULT_HOST_BYTES),

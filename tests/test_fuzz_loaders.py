@@ -1,0 +1,266 @@
+"""Fuzz every loader with hostile input (issue 10): the answer is a value or a RayaccelError
+naming what was wrong, never another exception, a hang or unbounded memory.
+
+Bounded: each property runs a fixed number of derandomized examples (see _fuzz_bounds),
+each example under a time and address-space bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from _fuzz_bounds import bounded, fuzz_settings
+from rayaccel import catalog
+from rayaccel.errors import RayaccelError, RequestError, TopologyError
+from rayaccel.topology import NodeTopology
+from rayaccel.units import MAX_BYTES, parse_bytes
+
+CAPTURES = sorted((Path(__file__).parent / "data" / "captures").glob("*.txt"))
+BASES = [catalog.load(n).to_dict() for n in ("a100-mig", "dgx1-v100", "mi300x-8x", "trn1-32xlarge")]
+
+# ---------------------------------------------------------------- strategies
+huge_ints = st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([10**400, -(10**400), 2**63, 2**63 - 1, -1, 0]))
+json_scalars = st.one_of(st.none(), st.booleans(), huge_ints, st.floats(allow_nan=True, allow_infinity=True),
+                         st.text(max_size=30), st.text(min_size=3000, max_size=6000, alphabet="x[]{}:$"))
+json_values = st.recursive(json_scalars, lambda c: st.one_of(st.lists(c, max_size=4),
+                                                             st.dictionaries(st.text(max_size=8), c, max_size=4)),
+                           max_leaves=12)
+
+
+def _paths(obj, prefix=()):
+    """Every (container, key) path in a JSON object."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield prefix + (i,)
+            yield from _paths(v, prefix + (i,))
+
+
+@st.composite
+def mutated_topologies(draw):
+    """A catalog machine's dict with 1-3 fields replaced by hostile values (or dropped)."""
+    d = json.loads(json.dumps(draw(st.sampled_from(BASES))))
+    for _ in range(draw(st.integers(1, 3))):
+        paths = list(_paths(d))
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        obj = d
+        for k in path[:-1]:
+            obj = obj[k]
+        if draw(st.booleans()) and isinstance(obj, dict):
+            obj.pop(path[-1], None)
+        else:
+            obj[path[-1]] = draw(json_values)
+    return d
+
+
+@st.composite
+def mutated_captures(draw):
+    """A real capture, damaged: lines dropped, doubled, shuffled, characters replaced, cut short."""
+    text = draw(st.sampled_from(CAPTURES)).read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    for _ in range(draw(st.integers(0, 6))):
+        if not lines:
+            break
+        op = rng.choice(["drop", "dup", "swap", "chars", "cut", "long", "numbers"])
+        i = rng.randrange(len(lines))
+        if op == "drop":
+            del lines[i]
+        elif op == "dup":
+            lines.insert(i, lines[i])
+        elif op == "swap":
+            j = rng.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif op == "chars":
+            s = list(lines[i]) or [" "]
+            for _ in range(rng.randint(1, 5)):
+                s[rng.randrange(len(s))] = rng.choice("X9 \t:-|[]$\x00\u00e9NV99999999999999999999")
+            lines[i] = "".join(s)
+        elif op == "cut":
+            lines = lines[:i]
+        elif op == "long":
+            lines[i] = lines[i] + " " + "9" * rng.randint(50, 5000)
+        else:
+            lines[i] = " ".join(str(10**rng.randint(1, 400)) if t.isdigit() else t for t in lines[i].split())
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- properties
+@fuzz_settings(400, 500)
+@given(st.one_of(st.text(max_size=40), st.text(alphabet="0123456789.kKmMgGiIbBtTpPeE -+", max_size=30),
+                 st.text(min_size=900, max_size=2000, alphabet="9"), huge_ints,
+                 st.floats(allow_nan=True, allow_infinity=True)))
+def test_parse_bytes(value):
+    with bounded():
+        try:
+            n = parse_bytes(value, "field")
+        except RequestError as e:
+            assert str(e).startswith("field: ") and len(str(e)) < 400
+        else:
+            assert isinstance(n, int) and 0 <= n <= MAX_BYTES
+
+
+@fuzz_settings(400, 500)
+@given(st.text(alphabet="0123456789,- x", max_size=60) | st.text(max_size=30), st.integers(0, 20))
+def test_parse_index_list(text, devices):
+    from rayaccel.cli._common import parse_index_list
+
+    with bounded():
+        for known in (range(devices), None):
+            try:
+                got = parse_index_list(text, "--busy", known=known)
+            except RequestError as e:
+                assert str(e).startswith("--busy: ") and len(str(e)) < 400
+            else:
+                assert known is None or got <= set(known)
+                assert len(got) <= 1 << 16
+
+
+def _rendered(topo: NodeTopology) -> None:
+    """What a person would see must not crash either: the text view and the JSON round trip."""
+    from rayaccel.cli import topo as cli_topo
+    from rayaccel.cli._common import console
+
+    with console.capture():
+        cli_topo.render(topo)
+    assert NodeTopology.from_json(topo.to_json()) == topo
+
+
+@fuzz_settings(250)
+@given(mutated_topologies())
+def test_topology_from_dict(d):
+    with bounded():
+        try:
+            topo = NodeTopology.from_dict(d)
+        except TopologyError as e:
+            assert len(str(e)) < 600
+        else:
+            _rendered(topo)
+
+
+@fuzz_settings(200)
+@given(st.one_of(st.text(max_size=200), st.integers(1, 200_000).map(lambda n: "[" * n + "]" * n),
+                 st.integers(1, 200_000).map(lambda n: '{"a":' * n + "1" + "}" * n),
+                 mutated_topologies().map(lambda d: json.dumps(d, allow_nan=True))))
+def test_topology_from_json(text):
+    with bounded():
+        try:
+            topo = NodeTopology.from_json(text)
+        except TopologyError as e:
+            assert len(str(e)) < 600
+        else:
+            _rendered(topo)
+
+
+@pytest.fixture(scope="module")
+def scratch():
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+@fuzz_settings(150)
+@given(content=st.one_of(st.binary(max_size=300), mutated_captures().map(str.encode),
+                         mutated_topologies().map(lambda d: json.dumps(d).encode())),
+       suffix=st.sampled_from([".json", ".txt", ""]))
+def test_load_topology_file(scratch, content, suffix):
+    from rayaccel.discovery.load import load_topology
+
+    path = scratch / f"input{suffix}"
+    path.write_bytes(content)
+    with bounded(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            topo = load_topology(path)
+        except RayaccelError as e:
+            assert len(str(e)) < 2000
+        else:
+            _rendered(topo)
+
+
+@fuzz_settings(150)
+@given(mutated_captures())
+def test_capture_importers(text):
+    from rayaccel.discovery.capture import import_captures
+
+    with bounded():
+        try:
+            result = import_captures([text])
+        except RayaccelError:
+            return
+        result.topology.validate()
+        _rendered(result.topology)
+
+
+@fuzz_settings(150)
+@given(st.one_of(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+                         max_size=300),
+                 st.sampled_from(catalog.names()), st.text(min_size=4000, max_size=6000, alphabet="x/.[{"),
+                 mutated_captures()))
+def test_rayaccel_topology_environment(value):
+    from rayaccel.discovery import registry
+
+    value = value.replace("\x00", "")  # an environment variable cannot hold a NUL byte
+    old = os.environ.get("RAYACCEL_TOPOLOGY")
+    os.environ["RAYACCEL_TOPOLOGY"] = value
+    try:
+        with bounded(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for info in registry.backend_infos():
+                assert isinstance(info.available, bool)
+            try:
+                topo = registry.discover()
+            except RayaccelError as e:
+                assert len(str(e)) < 2000
+            else:
+                _rendered(topo)
+    finally:
+        if old is None:
+            os.environ.pop("RAYACCEL_TOPOLOGY", None)
+        else:
+            os.environ["RAYACCEL_TOPOLOGY"] = old
+
+
+@pytest.mark.xfail(strict=True, raises=OverflowError,
+                   reason="found by this suite (RAYACCEL_FUZZ=long): discovery/capture/neuron.py turns a memory "
+                          "of '1e400 GB' into float inf and int() overflows; the capture importers are the "
+                          "placement engineer's (see NOTES-issue10.md). Remove this marker once fixed.")
+def test_found_neuron_memory_overflow():
+    from rayaccel.discovery.capture import import_captures
+
+    text = (CAPTURES_BY_NAME["67_neuron-ls-inf2.48xlarge-12dev-ring.txt"].read_text()
+            .replace("32 GB", "1" + "0" * 400 + " GB", 1))
+    try:
+        import_captures([text])
+    except RayaccelError:
+        pass
+
+
+CAPTURES_BY_NAME = {p.name: p for p in CAPTURES}
+
+
+@pytest.mark.xfail(strict=True, reason="found by this suite (RAYACCEL_FUZZ=long): capture error messages echo a whole "
+                                       "damaged header row (4,500 characters for one long cell); the importers are the "
+                                       "placement engineer's (see NOTES-issue10.md). Remove this marker once fixed.")
+def test_found_capture_errors_echo_long_cells():
+    from rayaccel.discovery.capture import import_captures
+
+    lines = CAPTURES_BY_NAME["68_neuron-ls-trn1.32xlarge-16dev-collapsed-whitespace.txt"].read_text().splitlines()
+    header = next(i for i, ln in enumerate(lines) if "NEURON" in ln and "CONNECTED" in ln)
+    lines[header] = lines[header].replace("CONNECTED", "9" * 4000, 1)
+    with pytest.raises(RayaccelError) as e:
+        import_captures(["\n".join(lines) + "\n"])
+    assert len(str(e.value)) < 2000
