@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import pytest
@@ -64,15 +63,6 @@ def test_cli_picture_under_a_device_is_one_error_line():
     assert len(lines) == 1 and lines[0].startswith("error: --png /dev/null/x/pic.png: cannot write the picture")
 
 
-def _demo_checks_out() -> bool:
-    from rayaccel.cli import cluster
-    from rayaccel.ray import demo
-
-    return "check_output_dir" in inspect.getsource(cluster) + inspect.getsource(demo)
-
-
-@pytest.mark.skipif(not _demo_checks_out(), reason="the demo (Ray engineer's) does not call viz.check_output_dir "
-                                                   "yet; see NOTES-issue10.md")
 def test_demo_out_under_a_device_is_one_error_line_and_starts_nothing():
     from rayaccel.cli import app
 

@@ -102,16 +102,11 @@ def run_demo(out: str | Path, quick: bool = False, log: Callable[[str], None] = 
 
 
 def _output_dir(out: str | Path) -> Path:
-    """Create ``out`` (with parents) or raise one clear error naming it."""
-    p = Path(out)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / ".rayaccel-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ClusterError(f"--out {str(p)!r} is not a writable directory ({e.strerror or e}); "
-                           f"give a directory you can write, e.g. --out ./rayaccel-demo") from None
+    """Check ``out`` before any work (:func:`rayaccel.viz.check_output_dir`), then create it."""
+    from ..viz import check_output_dir
+
+    p = check_output_dir(out, what="demo results")
+    p.mkdir(parents=True, exist_ok=True)
     return p
 
 
