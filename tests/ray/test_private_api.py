@@ -30,7 +30,7 @@ def test_the_gpu_id_function_has_the_signature_the_hook_wraps():
 def test_set_visible_accelerator_ids_reads_the_runtime_context():
     from ray._private import utils
 
-    assert hasattr(utils, "set_visible_accelerator_ids")
+    assert hasattr(utils, "set_visible_accelerator_ids") and hasattr(utils, "reset_visible_accelerator_env_vars")
     src = inspect.getsource(utils.set_visible_accelerator_ids)
     assert "get_accelerator_ids()" in src and "set_current_process_visible_accelerator_ids" in src
 

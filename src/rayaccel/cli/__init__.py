@@ -81,14 +81,29 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        sys.stdout.write(f"rayaccel {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print rayaccel's version and exit.")) -> None:
+    """Make Ray accelerator-aware: see how devices are wired, place work on the best-connected ones."""
+
+
 def _register() -> None:
-    from . import bench, cluster, path, plan, topo
+    from . import bench, cluster, ops, path, plan, topo
 
     topo_app = topo.register(app)
     path.register(topo_app)
     plan.register(app)
     bench.register(app)
     cluster.register(app)
+    ops.register(app)
 
 
 _register()

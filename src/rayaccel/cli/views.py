@@ -62,3 +62,55 @@ def status_tables(data: dict) -> list[Any]:
         out.append(Text(f"{len(data['unmanaged'])} plain Ray node(s) without rayaccel: "
                         + ", ".join(x[:12] for x in data["unmanaged"]), style="dim"))
     return out
+
+
+def _neighbours(topo: Any, index: int) -> str:
+    """A device's direct links, strongest first: ``NV2:3,4 NV1:1,2``."""
+    groups: dict[str, list[int]] = {}
+    for other in topo.indices:
+        if other == index:
+            continue
+        l = topo.link(min(index, other), max(index, other))
+        if l is not None and l.direct:
+            groups.setdefault(l.label, []).append(other)
+    order = sorted(groups, key=lambda lab: -topo.link(min(index, groups[lab][0]), max(index, groups[lab][0])).rank[1])
+    text = " ".join(f"{lab}:{','.join(map(str, groups[lab]))}" for lab in order)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def top_frame(data: dict, topologies: dict | None = None) -> Any:
+    """One frame of ``rayaccel top``: every node's devices, links, holders, health, drains and waiting grants."""
+    from rich.console import Group
+
+    from ..ray.view import view
+
+    topos = topologies if topologies is not None else {n.node_key: n.topology for n in view().nodes()}
+    parts: list[Any] = [Text(f"rayaccel top  {time.strftime('%H:%M:%S')}  (q quits)", style="bold")]
+    for n in data["nodes"]:
+        topo = topos.get(n["node_key"])
+        worst = {}
+        t = Table(title=Text(f"{n['name'] or n['node_key']}  key {n['node_key']}  {n['free']}/{len(n['devices'])} "
+                             f"free" + ("  simulated" if n["simulated"] else "")), title_justify="left",
+                  expand=False, pad_edge=False)
+        for col in ("dev", "state", "health", "held by", "links"):
+            t.add_column(col, overflow="fold")
+        for d in n["devices"]:
+            health = d.get("health") or "ok"
+            if d.get("drain"):
+                dr = d["drain"]
+                held = f"drained {_since(dr.get('since'))} ago by {dr.get('by')}: {dr.get('reason')}"
+            else:
+                held = ", ".join(d["holders"]) or "-"
+            t.add_row(str(d["index"]), Text(d["state"], style=STATE_STYLE.get(d["state"], "")),
+                      Text(worst.get(d["index"], health)), Text(held),
+                      Text(_neighbours(topo, d["index"]) if topo is not None else ""))
+        parts.append(t)
+        for w in n.get("waiting", [])[:5]:
+            parts.append(Text(f"  waiting: {w.get('name')} (pid {w.get('pid')}): {w.get('waiting')}", style="yellow"))
+        if n.get("unhooked_slots"):
+            parts.append(Text(f"  {n['unhooked_slots']:g} GPU slot(s) held without the hook", style="yellow"))
+    for b in data.get("bad", []):
+        parts.append(Text(f"node {b['node_key']}: unusable: {b['why']}", style="red"))
+    if data.get("unmanaged"):
+        parts.append(Text(f"{len(data['unmanaged'])} plain Ray node(s) without rayaccel", style="dim"))
+    return Group(*parts)

@@ -11,7 +11,9 @@ internals, each named here once, so that a Ray upgrade that moves one fails
   (:mod:`rayaccel.ray.hook`) wraps it to name the arbiter's physical devices.
 * ``ray._private.utils.set_visible_accelerator_ids`` -- called by ``_raylet.pyx``
   before every normal task and at actor creation; wrapped to apply the vendor's
-  variable, CPU affinity and rayaccel's own variables after Ray's.
+  variable, CPU affinity and rayaccel's own variables after Ray's; and
+  ``reset_visible_accelerator_env_vars``, called when a normal task's code returned:
+  wrapped to release the task's grant at once.
 * ``Worker.core_worker.resource_ids()`` -- the raylet slot indices of the grant
   (``GPU``, ``GPU_group_<pg>``, ``GPU_group_<i>_<pg>``, custom unit resources).
 * the raylet config ``preload_python_modules`` (env ``RAY_preload_python_modules``):
@@ -153,12 +155,15 @@ def node_id(worker: Any) -> str:
     return worker.core_worker.get_current_node_id().hex()
 
 
-def install(get_ids: Callable, after_set_visible: Callable) -> bool:
-    """Wrap Ray's GPU-id function and visible-devices setter in this (worker) process (idempotent).
+def install(get_ids: Callable, after_set_visible: Callable, after_task: Callable) -> bool:
+    """Wrap Ray's GPU-id function and visible-devices setter/resetter in this (worker) process (idempotent).
 
     ``get_ids(original, worker, resource_name, regex)`` replaces
     ``Worker.get_accelerator_ids_for_accelerator_resource``; ``after_set_visible(saved)``
-    runs after ``set_visible_accelerator_ids`` and returns the (extended) saved variables.
+    runs after ``set_visible_accelerator_ids`` (before every normal task and at actor
+    creation) and returns the (extended) saved variables; ``after_task()`` runs after
+    ``reset_visible_accelerator_env_vars``, which ``_raylet.pyx`` calls when a normal
+    task's code has returned (never for actors).
 
     Returns:
         True when installed now, False when it already was.
@@ -183,6 +188,16 @@ def install(get_ids: Callable, after_set_visible: Callable) -> bool:
         return after_set_visible(orig_set())
 
     utils.set_visible_accelerator_ids = set_visible
+    orig_reset = utils.reset_visible_accelerator_env_vars
+
+    @functools.wraps(orig_reset)
+    def reset(saved):
+        try:
+            return orig_reset(saved)
+        finally:
+            after_task()
+
+    utils.reset_visible_accelerator_env_vars = reset
     _PATCHED = True
     return True
 

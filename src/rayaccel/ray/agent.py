@@ -94,7 +94,12 @@ class NodeAgent:
         self.unhooked = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.extensions: list = []  # callables(agent) run every period (health watcher, metrics)
+        self.extensions: list = []  # callables(agent) run every period (metrics)
+        self.watcher: Any = None  # the health watcher (.health), when the node has a probe
+        self.health_error: str | None = None
+        self.node_id: str | None = None
+        self._demand: dict = {}
+        self._is_head = False
 
     # ---------------------------------------------------------------- loop
     def start(self) -> None:
@@ -127,10 +132,12 @@ class NodeAgent:
             except Exception:  # noqa: BLE001 - an extension (e.g. health) failing must not stop publication
                 self.errors += 1
                 log.exception("rayaccel agent %s: %s failed", self.node_key, getattr(ext, "__name__", ext))
+        self._track_demand()
         snap = snapshot_of(self.arbiter)
         snap["unhooked_slots"] = self._unhooked(snap)
         snap["node_key"] = self.node_key
         snap["agent_errors"] = self.errors
+        snap["health"] = self.watcher.summary() if self.watcher is not None else {"error": self.health_error}
         self.last = snap
         if publish:
             from . import kv
@@ -167,6 +174,112 @@ class NodeAgent:
     def snapshot(self, fresh: bool = True) -> dict:
         return self.tick(publish=True) if fresh or not self.last else self.last
 
+    def drain(self, device: int, reason: str = "drained by an operator", by: str = "operator",
+              kill: bool = False) -> dict:
+        """Drain ``device``: no new grant maps to it, and Ray's ledger holds it (a placeholder actor).
+
+        Work already on it finishes unless ``kill`` (its holders' processes are killed;
+        Ray then fails or retries their tasks as it would after any worker death).
+        Idempotent. Returns what was done.
+        """
+        from ..errors import ClusterError
+
+        if device not in self.record.topology.indices:
+            raise ClusterError(f"node {self.node_key} has no device {device} "
+                               f"(devices {list(self.record.topology.indices)})")
+        new = self.arbiter.drain(device, reason[:500], by)
+        placed = self._placeholder(device) if device in self.arbiter.pool else False
+        killed = self._kill_holders(device) if kill else []
+        self.tick()
+        return {"device": device, "new": new, "placeholder": placed, "killed": killed}
+
+    def undrain(self, device: int) -> bool:
+        """Lift a drain (and release the placeholder's slot); False when ``device`` was not drained."""
+        was = self.arbiter.undrain(device)
+        self._drop_placeholder(device)
+        self.tick()
+        return was
+
+    def _placeholder(self, device: int) -> bool:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from .names import drain_name
+
+        nid = self.node_id or ray.get_runtime_context().get_node_id()
+        placeholder_cls().options(name=drain_name(self.node_key, device), namespace=NAMESPACE, lifetime="detached",
+                                  get_if_exists=True,
+                                  scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
+        return True
+
+    def _drop_placeholder(self, device: int) -> None:
+        import ray
+
+        from .names import drain_name
+
+        try:
+            ray.kill(ray.get_actor(drain_name(self.node_key, device), namespace=NAMESPACE))
+        except ValueError:
+            pass
+
+    def _kill_holders(self, device: int) -> list[int]:
+        import signal
+
+        st = self.arbiter.snapshot()
+        gpu = st["pools"]["GPU"]
+        pids = []
+        for pid, h in st["holders"].items():
+            if h.get("drain") is not None:
+                continue
+            on = any(0 <= s < len(gpu) and gpu[s] == device for s, _ in h.get("gpu", ()))
+            on = on or any(str(k).startswith(f"{device}:") for k in h.get("partitions", ()))
+            if on:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    pids.append(int(pid))
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return pids
+
+    def inject(self, kind: str, device: int, **kw: Any) -> None:
+        """Inject a simulated hardware fault (see :meth:`.health.Watcher.inject`)."""
+        from ..errors import ClusterError
+
+        if self.watcher is None:
+            raise ClusterError(f"node {self.node_key} has no health watcher ({self.health_error or 'no probe'})")
+        self.watcher.inject(kind, device, **kw)
+
+    def doctor(self) -> dict:
+        """This node's facts and local checks (see :mod:`.doctor`)."""
+        from .doctor import node_facts
+
+        return node_facts(self)
+
+    def gpu_demand(self) -> list[dict]:
+        """GPU requests waiting in Ray's queue, with when each shape was first seen (head node only)."""
+        return [{"bundle": dict(k[0]), "count": k[1], "since": t} for k, t in self._demand.items()]
+
+    def _track_demand(self) -> None:
+        if not self._is_head:
+            return
+        try:
+            import ray
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            cs = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=5)
+        except Exception as e:  # noqa: BLE001 - demand is advisory (doctor says when it is unreadable)
+            log.debug("rayaccel agent: cluster status unavailable: %s", e)
+            return
+        seen = {}
+        rd = cs.resource_demands
+        for group in (rd.ray_task_actor_demand, rd.placement_group_demand):
+            for dem in group:
+                for rc in dem.bundles_by_count:
+                    if rc.bundle.get("GPU"):
+                        key = (tuple(sorted(rc.bundle.items())), rc.count)
+                        seen[key] = self._demand.get(key, time.time())
+        self._demand = seen
+
     def stop_node(self, force: bool = False) -> bool:
         """Stop this node's processes recorded by ``rayaccel start`` (this agent dies with them)."""
         from pathlib import Path
@@ -182,6 +295,22 @@ class NodeAgent:
 
 
 _ACTOR_CLS: Any = None
+_PLACEHOLDER_CLS: Any = None
+
+
+def placeholder_cls() -> Any:
+    """The actor that holds a drained device in Ray's ledger (one GPU, no CPU, never uses it)."""
+    global _PLACEHOLDER_CLS
+    if _PLACEHOLDER_CLS is None:
+        import ray
+
+        @ray.remote(num_gpus=1, num_cpus=0, max_restarts=-1)
+        class DrainPlaceholder:
+            def ping(self) -> bool:
+                return True
+
+        _PLACEHOLDER_CLS = DrainPlaceholder
+    return _PLACEHOLDER_CLS
 
 
 def actor_cls() -> Any:
@@ -192,10 +321,18 @@ def actor_cls() -> Any:
         @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=8)
         class Agent:
             def __init__(self, node_key: str):
+                import ray
+
                 self.body = NodeAgent(node_key)
-                from . import health
+                self.body.node_id = ray.get_runtime_context().get_node_id()
+                from . import _ray_private as rp
+
+                total = rp.total_resources_per_node().get(self.body.node_id, {})
+                self.body._is_head = "node:__internal_head__" in total
+                from . import health, metrics
 
                 health.attach(self.body)
+                metrics.attach(self.body)
                 self.body.start()
 
             def snapshot(self, fresh: bool = True) -> dict:

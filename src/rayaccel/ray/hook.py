@@ -246,6 +246,20 @@ def _after_set_visible(saved: dict) -> dict:
     return saved
 
 
+def _after_task() -> None:
+    """A normal task's code returned: its devices are free for the arbiter now (not when the worker exits)."""
+    cur = _CURRENT
+    if cur is None or not cur.key.startswith("task:"):
+        return
+    ns = _NODE
+    if ns is None:
+        return
+    with _LOCK:
+        if _CURRENT is cur:
+            _drop(ns)
+            _apply_affinity(None)
+
+
 def _parent(ns: _NodeSide, key: str) -> int:
     return int(key.split(":")[0])
 
@@ -323,7 +337,7 @@ def _install() -> bool:
         return False
     from . import _ray_private as rp
 
-    installed = rp.install(_get_ids, _after_set_visible)
+    installed = rp.install(_get_ids, _after_set_visible, _after_task)
     try:
         node()  # load the topology now, before the first grant
     except Exception as e:  # noqa: BLE001 - reported again (fail safe) at the first grant

@@ -118,3 +118,66 @@ def stop_cluster(address: str, force: bool = False) -> list[str]:
         count = lifecycle.stop_local(n, force=force)
         lines.append(f"node {n.node_key}: stopped {count} recorded Ray process(es)")
     return lines
+
+
+def resolve_target(spec: str) -> tuple[Any, int]:
+    """``NODE:DEVICE`` -> (NodeView, device). NODE: a node key, a Ray node id (or a unique prefix of
+    either, 6+ chars), a hostname or a topology name that names exactly one node.
+
+    Raises:
+        ClusterError: malformed, unknown or ambiguous (lists the nodes).
+    """
+    from .view import view
+
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ClusterError(f"expected NODE:DEVICE such as 3f2a9c1b7d4e:2 (node key or id, then device index), "
+                           f"got {str(spec)[:60]!r}")
+    node, _, dev = spec.rpartition(":")
+    if not dev.isdigit() or len(dev) > 6:
+        raise ClusterError(f"{spec[:60]!r}: the device must be an index such as 0, got {dev[:20]!r}")
+    nodes = view().nodes(fresh=True)
+
+    def matches(n: Any) -> bool:
+        if len(node) >= 6 and (n.node_key.startswith(node) or n.node_id.startswith(node)):
+            return True
+        return node in (n.topology.hostname, n.topology.name)
+
+    hits = [n for n in nodes if matches(n)]
+    listing = ", ".join(f"{n.node_key} ({n.topology.name or n.topology.hostname or n.node_id[:12]})" for n in nodes)
+    if not hits:
+        raise ClusterError(f"no rayaccel node {node[:60]!r} (nodes: {listing or 'none'})")
+    if len(hits) > 1:
+        raise ClusterError(f"{node[:60]!r} names {len(hits)} nodes; use a node key (nodes: {listing})")
+    n = hits[0]
+    d = int(dev)
+    if d not in n.topology.indices:
+        raise ClusterError(f"node {n.node_key} has no device {d} (devices {list(n.topology.indices)})")
+    return n, d
+
+
+def drain(spec: str, reason: str, kill: bool = False, timeout_s: float = 30.0) -> dict:
+    """Drain ``NODE:DEVICE`` through its node agent (see :meth:`.agent.NodeAgent.drain`)."""
+    import ray
+
+    from . import agent
+
+    n, d = resolve_target(spec)
+    h = agent.handle(n.node_key)
+    if h is None:
+        raise ClusterError(f"node {n.node_key} has no running agent (restart it with `rayaccel start`)")
+    out = ray.get(h.call.remote("drain", d, reason, "operator", kill), timeout=timeout_s)
+    out["node_key"] = n.node_key
+    return out
+
+
+def undrain(spec: str, timeout_s: float = 30.0) -> bool:
+    """Lift the drain of ``NODE:DEVICE``; False when it was not drained."""
+    import ray
+
+    from . import agent
+
+    n, d = resolve_target(spec)
+    h = agent.handle(n.node_key)
+    if h is None:
+        raise ClusterError(f"node {n.node_key} has no running agent (restart it with `rayaccel start`)")
+    return ray.get(h.call.remote("undrain", d), timeout=timeout_s)

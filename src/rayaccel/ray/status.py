@@ -84,6 +84,7 @@ def _node_row(n: Any, snap: dict | None, source: str, now: float) -> dict:
             except ValueError:
                 continue
     pool = set(gpu_pool(topo))
+    worst = (snap.get("health") or {}).get("worst", {})
     devices = []
     for d in sorted(topo.devices, key=lambda d: d.index):
         held_parts = sorted(p.key for p in d.partitions if p.key in mig_held)
@@ -102,10 +103,10 @@ def _node_row(n: Any, snap: dict | None, source: str, now: float) -> dict:
         devices.append({"index": d.index, "model": d.model, "memory_bytes": d.memory_bytes, "state": state,
                         "share": shared.get(str(d.index)), "mig_held": held_parts,
                         "holders": by_dev.get(d.index, []), "drain": drained.get(str(d.index)),
-                        "health": d.health})
+                        "health": worst.get(str(d.index)) or d.health})
     return {"node_id": n.node_id, "node_key": n.node_key, "name": topo.name, "hostname": topo.hostname,
             "simulated": n.record.simulated, "free": sum(1 for x in devices if x["state"] == "free"),
             "devices": devices, "holders": holders, "unhooked_slots": snap.get("unhooked_slots", 0.0),
             "waiting": [h for h in holders if h.get("waiting")],
             "age_s": round(now - snap["at"], 3) if snap.get("at") else None, "agent": source,
-            "gpus_available": n.gpus_available}
+            "gpus_available": n.gpus_available, "health_events": (snap.get("health") or {}).get("events", [])[-10:]}

@@ -1,0 +1,143 @@
+"""rayaccel's metrics in Ray's dashboard and Prometheus endpoint (``ray.util.metrics``).
+
+The node agent exports them once per period from its snapshot. Ray prefixes every
+custom metric with ``ray_`` on its Prometheus endpoint (each node's metrics export
+port), so the names scraped are ``ray_rayaccel_...`` (see
+:mod:`rayaccel.metrics_names`, which the shipped Grafana dashboard uses):
+
+* per device (tags ``node``, ``device``): ``rayaccel_device_state`` (1 for the
+  current ``state`` tag: free / busy / shared / mig / drained),
+  ``rayaccel_device_memory_reserved_bytes``, ``rayaccel_device_health`` (0 ok,
+  1 warning, 2 critical), ``rayaccel_device_drained``, ``rayaccel_device_holder_info``
+  (1 per ``holder`` tag);
+* per node: ``rayaccel_arbiter_decision_seconds`` (histogram of the arbiter's time per
+  grant), ``rayaccel_arbiter_decision_quality`` (the last decisions' modeled ring
+  all-reduce over the best possible for their size on the idle node, 0..1),
+  ``rayaccel_grants_waiting``, ``rayaccel_unhooked_gpu_slots``, and
+  ``rayaccel_health_events_total`` (tags ``device``, ``kind``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import metrics_names as M
+
+log = logging.getLogger(__name__)
+STATES = ("free", "busy", "shared", "mig", "drained")
+HEALTH_LEVEL = {None: 0, "warning": 1, "critical": 2}
+
+
+class Exporter:
+    """Turns a node agent's snapshots into ``ray.util.metrics`` values."""
+
+    def __init__(self, agent: Any):
+        from ray.util.metrics import Counter, Gauge, Histogram
+
+        self.agent = agent
+        node = ("node",)
+        dev = ("node", "device")
+        self.state = Gauge(M.DEVICE_STATE, "1 for the device's current state", tag_keys=dev + ("state",))
+        self.memory = Gauge(M.DEVICE_MEMORY_RESERVED_BYTES, "device memory reserved by holders (bytes)", tag_keys=dev)
+        self.health = Gauge(M.DEVICE_HEALTH, "0 ok, 1 warning, 2 critical", tag_keys=dev)
+        self.drained = Gauge(M.DEVICE_DRAINED, "1 when the device is drained", tag_keys=dev)
+        self.holder = Gauge(M.DEVICE_HOLDER_INFO, "1 per holder of the device", tag_keys=dev + ("holder",))
+        self.latency = Histogram(M.ARBITER_DECISION_SECONDS, "arbiter time per grant (s)",
+                                 boundaries=[1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2, 1e-1], tag_keys=node)
+        self.quality = Gauge(M.ARBITER_DECISION_QUALITY, "chosen set's all-reduce / best possible (0..1)",
+                             tag_keys=node)
+        self.waiting = Gauge(M.GRANTS_WAITING, "grants waiting for a suitable set", tag_keys=node)
+        self.unhooked = Gauge(M.UNHOOKED_GPU_SLOTS, "GPU slots held by workers without the hook", tag_keys=node)
+        self.events = Counter(M.HEALTH_EVENTS_TOTAL, "device health events", tag_keys=dev + ("kind",))
+        self._seen_decision = 0.0
+        self._event_at = 0.0
+        self._holders: set[tuple] = set()
+        self._best: dict[int, float] = {}
+
+    def __call__(self, agent: Any) -> None:
+        snap = agent.last
+        if snap:
+            self.export(snap)
+
+    def _best_gbps(self, k: int) -> float:
+        from ..placement import NodeState, Request, allocate, allreduce_bandwidth_gbps
+
+        hit = self._best.get(k)
+        if hit is None:
+            topo = self.agent.record.topology
+            a = allocate(NodeState(topo), Request(gpus=k))
+            hit = self._best[k] = allreduce_bandwidth_gbps(topo, a.devices) if a else 0.0
+        return hit
+
+    def export(self, snap: dict) -> None:
+        from ..placement import allreduce_bandwidth_gbps
+
+        node = self.agent.node_key
+        topo = self.agent.record.topology
+        free = set(snap.get("free", ()))
+        drained = snap.get("drained", {})
+        shared = snap.get("shared", {})
+        worst = (snap.get("health") or {}).get("worst", {})
+        held_parts = {int(str(k).split(":")[0]) for k in snap.get("mig_held", ())}
+        holders: dict[int, list[str]] = {}
+        for h in snap.get("holders", ()):
+            if h.get("waiting") or h.get("drain") is not None:
+                continue
+            for d in h.get("devices", ()):
+                holders.setdefault(d, []).append(f"{h.get('name')}:{h.get('pid')}")
+        current = set()
+        for d in topo.devices:
+            tags = {"node": node, "device": str(d.index)}
+            if str(d.index) in drained:
+                state = "drained"
+            elif d.partitions:
+                state = "mig" if d.index in held_parts else "free"
+            elif str(d.index) in shared:
+                state = "shared"
+            elif d.index in free:
+                state = "free"
+            else:
+                state = "busy"
+            for s in STATES:
+                self.state.set(1.0 if s == state else 0.0, tags={**tags, "state": s})
+            frac = shared.get(str(d.index))
+            reserved = (d.memory_bytes or 0) * (frac if frac else (1.0 if state == "busy" else 0.0))
+            self.memory.set(float(reserved), tags=tags)
+            self.health.set(float(HEALTH_LEVEL.get(worst.get(str(d.index)), 0)), tags=tags)
+            self.drained.set(1.0 if state == "drained" else 0.0, tags=tags)
+            for who in holders.get(d.index, ()):
+                current.add((str(d.index), who))
+        for dev, who in current | self._holders:
+            self.holder.set(1.0 if (dev, who) in current else 0.0, tags={"node": node, "device": dev, "holder": who})
+        self._holders = current
+        ntags = {"node": node}
+        qual = []
+        for t, us, devs, _ in snap.get("decisions", ()):
+            if t <= self._seen_decision:
+                continue
+            self._seen_decision = t
+            self.latency.observe(us / 1e6, tags=ntags)
+            if len(devs) > 1:
+                best = self._best_gbps(len(devs))
+                if best:
+                    qual.append(allreduce_bandwidth_gbps(topo, devs) / best)
+        if qual:
+            self.quality.set(round(sum(qual) / len(qual), 4), tags=ntags)
+        self.waiting.set(float(sum(1 for h in snap.get("holders", ()) if h.get("waiting"))), tags=ntags)
+        self.unhooked.set(float(snap.get("unhooked_slots", 0.0)), tags=ntags)
+        for ev in (snap.get("health") or {}).get("events", ()):
+            if ev["at"] > self._event_at:
+                self._event_at = ev["at"]
+                self.events.inc(1.0, tags={"node": node, "device": str(ev["device"]), "kind": ev["kind"]})
+
+
+def attach(agent: Any) -> Exporter | None:
+    """Export ``agent``'s snapshots as metrics every period (None when Ray's metrics are unavailable)."""
+    try:
+        exp = Exporter(agent)
+    except Exception as e:  # noqa: BLE001 - metrics are optional: the node works without them
+        log.warning("rayaccel: metrics disabled on node %s: %s", agent.node_key, e)
+        return None
+    agent.extensions.append(exp)
+    return exp
