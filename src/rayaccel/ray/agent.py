@@ -61,15 +61,14 @@ def snapshot_of(arbiter: Any, state: dict | None = None) -> dict:
         if not waiting:
             mig_held.update(p for p in parts if p)
         holders.append({"pid": int(pid), "name": h.get("name"), "kind": h.get("kind"), "job": h.get("job"),
-                        "id": h.get("id"), "since": h.get("since"), "devices": [] if waiting else devs,
+                        "id": str(h.get("key", "")).split(":")[-1], "since": h.get("since"), "devices": [] if waiting else devs,
                         "partitions": parts, "shared": any(f < 1 - 1e-6 for _, f in h.get("gpu", ())),
                         "waiting": waiting, "drain": target, "pg": h.get("pg"), "bundle": h.get("bundle")})
     drained = {int(d): v for d, v in st["drained"].items()}
     free = sorted(d for d in gpu if d not in used and d not in drained)
     return {"at": time.time(), "free": free, "holders": holders, "drained": {str(k): v for k, v in drained.items()},
             "mig_held": sorted(mig_held), "shared": {str(k): round(v, 4) for k, v in shared.items()},
-            "slots_held": round(slots_held, 4), "decisions": st.get("decisions", [])[-32:],
-            "resets": st.get("resets", 0), "pgs": st.get("pgs", {})}
+            "slots_held": round(slots_held, 4), "resets": st.get("resets", 0), "pgs": st.get("pgs", {})}
 
 
 class NodeAgent:
@@ -100,6 +99,8 @@ class NodeAgent:
         self.node_id: str | None = None
         self._demand: dict = {}
         self._is_head = False
+        self._log_at = 0
+        self.recent: list = []
 
     # ---------------------------------------------------------------- loop
     def start(self) -> None:
@@ -134,6 +135,10 @@ class NodeAgent:
                 log.exception("rayaccel agent %s: %s failed", self.node_key, getattr(ext, "__name__", ext))
         self._track_demand()
         snap = snapshot_of(self.arbiter)
+        new, self._log_at = self.arbiter.decisions(self._log_at)
+        self.recent = (self.recent + new)[-64:]
+        snap["decisions"] = self.recent[-32:]
+        snap["new_decisions"] = new
         snap["unhooked_slots"] = self._unhooked(snap)
         snap["node_key"] = self.node_key
         snap["agent_errors"] = self.errors
@@ -232,7 +237,8 @@ class NodeAgent:
             if h.get("drain") is not None:
                 continue
             on = any(0 <= s < len(gpu) and gpu[s] == device for s, _ in h.get("gpu", ()))
-            on = on or any(str(k).startswith(f"{device}:") for k in h.get("partitions", ()))
+            parts = [st["pools"].get(r, [])[s] for r, s in h.get("mig", ()) if 0 <= s < len(st["pools"].get(r, []))]
+            on = on or any(str(k).startswith(f"{device}:") for k in parts)
             if on:
                 try:
                     os.kill(int(pid), signal.SIGKILL)

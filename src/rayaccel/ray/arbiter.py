@@ -46,8 +46,8 @@ from ..topology import NodeTopology
 SCHEMA = "rayaccel.arbiter/1"
 STATE_FILE = "arbiter.json"
 LOCK_FILE = "arbiter.lock"
-#: Decisions kept in the state for metrics (latency, chosen set).
-DECISION_LOG = 128
+#: One JSON line per decision (time, microseconds, devices, MIG instances), appended; read by the agent.
+DECISION_LOG = "decisions.log"
 _EPS = 1e-6
 
 
@@ -161,7 +161,7 @@ class Arbiter:
     # ------------------------------------------------------------------ state
     def _fresh(self) -> dict:
         return {"schema": SCHEMA, "pools": {"GPU": list(self.pool), **{r: list(u) for r, u in self.migs.items()}},
-                "holders": {}, "pgs": {}, "drained": {}, "decisions": [], "resets": 0}
+                "holders": {}, "pgs": {}, "drained": {}, "resets": 0}
 
     def _load(self) -> dict:
         try:
@@ -246,13 +246,53 @@ class Arbiter:
         with self._locked():
             st = self._load()
             g = self._decide(st, req, pg_alive)
-            dt = time.perf_counter() - t0
-            if g.waiting is None and (req.gpu or req.mig):
-                log = st["decisions"]
-                log.append([round(time.time(), 3), round(dt * 1e6), list(g.devices), len(g.partitions)])
-                del log[:-DECISION_LOG]
             self._save(st)
-        return Grant(g.devices, g.partitions, g.waiting, time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        if g.waiting is None and (req.gpu or req.mig):
+            self._log_decision(dt, g)
+        return Grant(g.devices, g.partitions, g.waiting, dt)
+
+    def _log_decision(self, seconds: float, g: Grant) -> None:
+        line = json.dumps([round(time.time(), 4), round(seconds * 1e6), list(g.devices), len(g.partitions)]) + "\n"
+        try:
+            fd = os.open(self.dir / DECISION_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the log only feeds metrics
+
+    def decisions(self, since: int = 0, max_bytes: int = 1 << 20) -> tuple[list, int]:
+        """Decisions logged after byte offset ``since``: ``([[time, us, devices, n_mig], ...], new offset)``.
+
+        The log is truncated once it passes ``max_bytes`` (the caller's offset then restarts at 0).
+        """
+        path = self.dir / DECISION_LOG
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return [], 0
+        if size < since:
+            since = 0
+        with open(path, "rb") as f:
+            f.seek(since)
+            data = f.read()
+        out = []
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        offset = since + end
+        if offset > max_bytes:
+            try:
+                os.truncate(path, 0)
+                offset = 0
+            except OSError:
+                pass
+        return out, offset
 
     def release(self, pid: int) -> None:
         """Forget ``pid``'s grant (it moved on to work without devices). Idempotent."""
@@ -330,8 +370,8 @@ class Arbiter:
         waiting = None
         if placeholder:
             # A drain placeholder never uses a device: it records its slot and is moved onto its target.
-            holders[me] = {"gpu": [[s, f] for s, f in req.gpu], "mig": [], "key": req.key, "drain": req.drain,
-                           "since": time.time(), "devices": [], "partitions": [], **req.info}
+            holders[me] = {"gpu": [[s, f] for s, f in req.gpu], "key": req.key, "drain": req.drain,
+                           "since": time.time(), **{k: v for k, v in req.info.items() if k != "id"}}
             self._settle_drains(st, holders, pinned, req)
             return Grant(tuple(gpu[s] for s, _ in req.gpu))
         # Drain placeholders move onto their target as soon as it is not in use.
@@ -341,14 +381,15 @@ class Arbiter:
         parts: tuple[str, ...] = ()
         if req.mig and waiting is None:
             parts, waiting = self._mig(st, req, holders, drained)
-        rec = {"gpu": [[s, f] for s, f in req.gpu], "mig": [[r, s] for r, s in req.mig], "key": req.key,
+        rec = {"gpu": [[s, f] for s, f in req.gpu], "key": req.key,
                "since": (mine_before or {}).get("since") if (mine_before or {}).get("key") == req.key else time.time(),
-               "devices": list(devices), "partitions": list(parts), **req.info}
+               **{k: v for k, v in req.info.items() if k != "id"}}
+        if req.mig:
+            rec["mig"] = [[r, s] for r, s in req.mig]
         if req.pg is not None:
             rec["pg"], rec["bundle"] = req.pg, req.bundle
         if waiting is not None:
             rec["waiting"] = waiting
-            rec["devices"] = []
         if rec["since"] is None:
             rec["since"] = time.time()
         holders[me] = rec
@@ -378,7 +419,6 @@ class Arbiter:
             t = slots[0]
             gpu[t], gpu[u] = gpu[u], gpu[t]
             where[gpu[t]], where[gpu[u]] = t, u
-            h["devices"] = [target]
             pinned.add(t)
 
     @staticmethod

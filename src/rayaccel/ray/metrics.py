@@ -50,7 +50,6 @@ class Exporter:
         self.waiting = Gauge(M.GRANTS_WAITING, "grants waiting for a suitable set", tag_keys=node)
         self.unhooked = Gauge(M.UNHOOKED_GPU_SLOTS, "GPU slots held by workers without the hook", tag_keys=node)
         self.events = Counter(M.HEALTH_EVENTS_TOTAL, "device health events", tag_keys=dev + ("kind",))
-        self._seen_decision = 0.0
         self._event_at = 0.0
         self._holders: set[tuple] = set()
         self._best: dict[int, float] = {}
@@ -113,10 +112,7 @@ class Exporter:
         self._holders = current
         ntags = {"node": node}
         qual = []
-        for t, us, devs, _ in snap.get("decisions", ()):
-            if t <= self._seen_decision:
-                continue
-            self._seen_decision = t
+        for t, us, devs, _ in snap.get("new_decisions", ()):
             self.latency.observe(us / 1e6, tags=ntags)
             if len(devs) > 1:
                 best = self._best_gbps(len(devs))
