@@ -34,15 +34,21 @@ def _cli(*args, env, timeout=180):
                           timeout=timeout)
 
 
-@pytest.fixture
-def two_clusters(ray_env, tmp_path):
+@pytest.fixture(scope="module")
+def two_clusters(ray_env):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
     heads = []
+    dirs = []
     for i in range(2):
-        tmp = tmp_path / f"ray{i}"
+        tmp = Path(tempfile.mkdtemp(prefix=f"rl{i}-", dir="/tmp"))  # Unix socket paths must stay short
+        dirs.append(tmp)
         (tmp / "ray").mkdir(parents=True)
         env = {**os.environ, "RAY_TMPDIR": str(tmp)}
         env.pop("RAY_ADDRESS", None)
@@ -57,6 +63,8 @@ def two_clusters(ray_env, tmp_path):
     finally:
         for h in heads:
             _cli("stop", "--node", h["key"], "--force", env=h["env"])
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _addr(text: str) -> str:
