@@ -294,11 +294,16 @@ class Arbiter:
                 pass
         return out, offset
 
-    def release(self, pid: int) -> None:
-        """Forget ``pid``'s grant (it moved on to work without devices). Idempotent."""
+    def release(self, pid: int, key: str | None = None) -> None:
+        """Forget ``pid``'s grant (its task ended, or it moved on to work without devices). Idempotent.
+
+        With ``key``, only that grant (a newer grant of the same process stays).
+        """
         with self._locked():
             st = self._load()
-            if st["holders"].pop(str(pid), None) is not None:
+            h = st["holders"].get(str(pid))
+            if h is not None and (key is None or h.get("key") == key):
+                del st["holders"][str(pid)]
                 self._save(st)
 
     def reap(self) -> int:
@@ -561,6 +566,15 @@ class Arbiter:
             units[slot], units[other] = units[other], units[slot]
             out.append(units[slot])
         return tuple(out), None
+
+    def warm(self) -> None:
+        """Import the placer and build this topology's tables (a worker does this while it starts)."""
+        from ..placement import Request
+
+        if self.pool:
+            self._allocate(set(self.pool), Request(gpus=1))
+            if len(self.pool) > 1:
+                self._allocate(set(self.pool), Request(gpus=2))
 
     # ------------------------------------------------------------------ views
     def uuid(self, partition_key: str) -> str | None:

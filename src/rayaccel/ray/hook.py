@@ -247,7 +247,13 @@ def _after_set_visible(saved: dict) -> dict:
 
 
 def _after_task() -> None:
-    """A normal task's code returned: its devices are free for the arbiter now (not when the worker exits)."""
+    """A normal task's code returned: its devices are free for the arbiter now (not when the worker exits).
+
+    The record is released off the task's path (a background thread): Ray reports the
+    task done without waiting for the arbiter's lock; a worker that exits first leaves
+    a record of a dead pid, which the next decision drops anyway.
+    """
+    global _CURRENT
     cur = _CURRENT
     if cur is None or not cur.key.startswith("task:"):
         return
@@ -255,9 +261,38 @@ def _after_task() -> None:
     if ns is None:
         return
     with _LOCK:
-        if _CURRENT is cur:
-            _drop(ns)
-            _apply_affinity(None)
+        if _CURRENT is not cur:
+            return
+        _CURRENT = None
+        _apply_affinity(None)
+    _releaser().put(cur.key)
+
+
+_RELEASE_Q: Any = None
+
+
+def _releaser() -> Any:
+    """The queue of this process's background release thread (started on first use)."""
+    global _RELEASE_Q
+    if _RELEASE_Q is None:
+        import queue
+
+        q: Any = queue.SimpleQueue()
+
+        def run() -> None:
+            while True:
+                key = q.get()
+                ns = _NODE
+                if ns is None:
+                    continue
+                try:
+                    ns.arbiter.release(os.getpid(), key=key)
+                except OSError as e:
+                    log.warning("rayaccel hook: could not release a finished task's grant: %s", e)
+
+        threading.Thread(target=run, name="rayaccel-release", daemon=True).start()
+        _RELEASE_Q = q
+    return _RELEASE_Q
 
 
 def _parent(ns: _NodeSide, key: str) -> int:
@@ -339,10 +374,20 @@ def _install() -> bool:
 
     installed = rp.install(_get_ids, _after_set_visible, _after_task)
     try:
-        node()  # load the topology now, before the first grant
+        ns = node()  # load the topology now, while the worker starts
     except Exception as e:  # noqa: BLE001 - reported again (fail safe) at the first grant
         log.error("rayaccel hook: %s", e)
+        return installed
+    if ns is not None:  # and the placer, beside the worker's start-up rather than in its first grant
+        threading.Thread(target=_warm, args=(ns,), name="rayaccel-warm", daemon=True).start()
     return installed
+
+
+def _warm(ns: _NodeSide) -> None:
+    try:
+        ns.arbiter.warm()
+    except Exception as e:  # noqa: BLE001 - only a warm-up: the first grant does the same work
+        log.debug("rayaccel hook: warm-up failed: %s", e)
 
 
 _install()
