@@ -256,6 +256,14 @@ def test_fabric_v1_struct_when_the_bindings_lack_v2():
     assert "nvmlDeviceGetGpuFabricInfo" in fake.calls
 
 
+def test_fabric_falls_back_when_the_driver_lacks_the_versioned_call():
+    fake = FakeNVML(catalog.load("hgx-h100"), driver_version=DRIVER)
+    fake.fail("nvmlDeviceGetGpuFabricInfoV", fakenvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    fake.set_fabric(1, fakenvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS)
+    check = run("hgx-h100", fake=fake)["fabric"]
+    assert check.status == "warn" and "GPU 1: fabric registration in progress" in check.detail
+
+
 # ---------------------------------------------------------------- p2p
 def test_p2p_fails_when_nvlink_p2p_is_refused():
     fake = FakeNVML(catalog.load("dgx1-v100"), driver_version=DRIVER)

@@ -245,17 +245,15 @@ def _nvswitch(topology: NodeTopology) -> bool:
 
 
 def _fabric_info(lib: _Nvml, h: Any) -> Any:
+    """The fabric info struct of ``h`` (the versioned call first, then the original), or None."""
     m = lib.m
-    v2 = getattr(m, "c_nvmlGpuFabricInfo_v2_t", None)
-    if v2 is not None and hasattr(m, "nvmlDeviceGetGpuFabricInfoV"):
-        info = v2()
-        if lib.call("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(info)) is not None:
-            return info
-        return None
-    v1 = getattr(m, "c_nvmlGpuFabricInfo_t", None)
-    if v1 is not None and hasattr(m, "nvmlDeviceGetGpuFabricInfo"):
-        info = v1()
-        if lib.call("nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info)) is not None:
+    for struct, fn in (("c_nvmlGpuFabricInfo_v2_t", "nvmlDeviceGetGpuFabricInfoV"),
+                       ("c_nvmlGpuFabricInfo_t", "nvmlDeviceGetGpuFabricInfo")):
+        cls = getattr(m, struct, None)
+        if cls is None or not hasattr(m, fn):
+            continue
+        info = cls()
+        if lib.call(fn, h, ctypes.byref(info)) is not None:
             return info
     return None
 
