@@ -3,7 +3,10 @@
 * :mod:`.registry` -- the :class:`Backend` protocol and the registry fed by the
   ``rayaccel.backends`` entry-point group (built-ins go through the same path).
 * :mod:`.nvidia`, :mod:`.amd`, :mod:`.simulated` -- the built-in backends.
-* :mod:`.fakenvml` -- a public fake NVML answering nvidia-ml-py's calls from a topology.
+* :mod:`.fakenvml` -- a public fake NVML answering nvidia-ml-py's calls from a topology
+  (and :mod:`.fakeamdsmi`, the same for amdsmi); both can inject health faults.
+* :mod:`.health` -- device health: :class:`~.health.HealthEvent`, the probes
+  (:mod:`.health_nvml`, :mod:`.health_amd`) and :func:`~.health.probe_for`.
 * :mod:`.capture` -- importers of text captures (``nvidia-smi topo -m`` and friends).
 * :mod:`.load` -- :func:`load_topology`: a catalog name, a topology JSON file or text captures.
 """

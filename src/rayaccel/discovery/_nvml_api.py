@@ -36,6 +36,72 @@ NVML_TOPOLOGY_SYSTEM = 50
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
 NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+# ECC counters (nvmlMemoryErrorType_t, nvmlEccCounterType_t) for nvmlDeviceGetTotalEccErrors
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+# nvmlGpuP2PCapsIndex_t / nvmlGpuP2PStatus_t (nvmlDeviceGetP2PStatus)
+NVML_P2P_CAPS_INDEX_READ = 0
+NVML_P2P_CAPS_INDEX_WRITE = 1
+NVML_P2P_CAPS_INDEX_NVLINK = 2
+NVML_P2P_CAPS_INDEX_ATOMICS = 3
+NVML_P2P_CAPS_INDEX_PCI = 4
+NVML_P2P_STATUS_OK = 0
+NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED = 1
+NVML_P2P_STATUS_GPU_NOT_SUPPORTED = 2
+NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED = 3
+NVML_P2P_STATUS_DISABLED_BY_REGKEY = 4
+NVML_P2P_STATUS_NOT_SUPPORTED = 5
+NVML_P2P_STATUS_UNKNOWN = 6
+# nvmlGpuFabricState_t (nvmlDeviceGetGpuFabricInfo[V]) and the v2 struct's version word
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+NVML_GPU_FABRIC_UUID_LEN = 16
+NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE = 1
+NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE = 2
+NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW = 0
+NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW = 0x3
+nvmlGpuFabricInfo_v2 = 0x02000024
+
+# nvmlEventType* bit masks (nvmlDeviceRegisterEvents / nvmlEventSetWait)
+nvmlEventTypeSingleBitEccError = 0x0000000000000001
+nvmlEventTypeDoubleBitEccError = 0x0000000000000002
+nvmlEventTypePState = 0x0000000000000004
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlEventTypeClock = 0x0000000000000010
+nvmlEventTypePowerSourceChange = 0x0000000000000080
+nvmlEventMigConfigChange = 0x0000000000000100
+nvmlEventTypeSingleBitEccErrorStorm = 0x0000000000000200
+nvmlEventTypeDramRetirementEvent = 0x0000000000000400
+nvmlEventTypeDramRetirementFailure = 0x0000000000000800
+nvmlEventTypeNonFatalPoisonError = 0x0000000000001000
+nvmlEventTypeFatalPoisonError = 0x0000000000002000
+nvmlEventTypeGpuUnavailableError = 0x0000000000004000
+nvmlEventTypeGpuRecoveryAction = 0x0000000000008000
+nvmlEventTypeNone = 0x0000000000000000
+
+# nvmlClocksEventReason* (nvmlDeviceGetCurrentClocksEventReasons; the older
+# nvmlClocksThrottleReason* names carry the same bits)
+nvmlClocksEventReasonGpuIdle = 0x0000000000000001
+nvmlClocksEventReasonApplicationsClocksSetting = 0x0000000000000002
+nvmlClocksEventReasonSwPowerCap = 0x0000000000000004
+nvmlClocksEventReasonHwSlowdown = 0x0000000000000008
+nvmlClocksEventReasonSyncBoost = 0x0000000000000010
+nvmlClocksEventReasonSwThermalSlowdown = 0x0000000000000020
+nvmlClocksEventReasonHwThermalSlowdown = 0x0000000000000040
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x0000000000000080
+nvmlClocksEventReasonDisplayClockSetting = 0x0000000000000100
+nvmlClocksEventReasonNone = 0x0000000000000000
+nvmlClocksThrottleReasonGpuIdle = nvmlClocksEventReasonGpuIdle
+nvmlClocksThrottleReasonSwPowerCap = nvmlClocksEventReasonSwPowerCap
+nvmlClocksThrottleReasonHwSlowdown = nvmlClocksEventReasonHwSlowdown
+nvmlClocksThrottleReasonSwThermalSlowdown = nvmlClocksEventReasonSwThermalSlowdown
+nvmlClocksThrottleReasonHwThermalSlowdown = nvmlClocksEventReasonHwThermalSlowdown
+nvmlClocksThrottleReasonHwPowerBrakeSlowdown = nvmlClocksEventReasonHwPowerBrakeSlowdown
 
 _ERRORS = {
     "UNINITIALIZED": 1, "INVALID_ARGUMENT": 2, "NOT_SUPPORTED": 3, "NO_PERMISSION": 4,
@@ -122,6 +188,31 @@ class c_nvmlDeviceAttributes(ctypes.Structure):
                 ("memorySizeMB", ctypes.c_ulonglong)]
 
 
+class c_nvmlEventData_t(ctypes.Structure):
+    """What ``nvmlEventSetWait_v2`` returns (pynvml's layout; ``device`` is the device handle)."""
+
+    _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong), ("eventData", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    _fields_ = [("clusterUuid", ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint)]
+
+
+class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
+                ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint),
+                ("healthMask", ctypes.c_uint32)]
+
+    def __init__(self, **kw):
+        kw.setdefault("version", nvmlGpuFabricInfo_v2)
+        super().__init__(**kw)
+
+
+c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfo_v2_t
+
+
 def _pci_info(bus_id: str) -> nvmlPciInfo_t:
     domain, bus, rest = (bus_id.split(":") + ["0", "0", "0"])[:3]
     info = nvmlPciInfo_t(busId=bus_id.encode(), busIdLegacy=bus_id[-12:].encode())
@@ -131,5 +222,6 @@ def _pci_info(bus_id: str) -> nvmlPciInfo_t:
 
 #: Every public name, so the fake module re-exports them (``fakenvml.NVML_ERROR_TIMEOUT``).
 __all__ = sorted(n for n in globals() if n.startswith(("NVML_", "NVMLError", "c_nvml", "nvmlPciInfo_t",
-                                                         "struct_c_nvml")) or n in ("_ERRORS", "_ERROR_CLASSES",
+                                                         "struct_c_nvml", "nvmlEvent", "nvmlClocks",
+                                                         "nvmlGpuFabricInfo_v")) or n in ("_ERRORS", "_ERROR_CLASSES",
                                                                                     "_pci_info"))

@@ -18,18 +18,24 @@ the same function names, constants, ctypes structures and error classes as the
   a ctypes array), GPU instances and MIG device handles come from the devices'
   ``mig_profiles`` and ``partitions``.
 
-Faults can be injected with :meth:`FakeNVML.fail` (e.g. a lost GPU, a timeout).
+Faults can be injected with :meth:`FakeNVML.fail` (e.g. a lost GPU, a timeout). Health
+conditions (Xid events, ECC, row remapping, retired pages, throttling, NVLink down, a lost
+GPU), the NVML event API and the facts ``rayaccel doctor`` reads (driver/CUDA/NVML
+versions, persistence, pending MIG mode, NVSwitch fabric state, P2P status) come from
+:class:`~rayaccel.discovery._fakenvml_ops.FakeNVMLOps`, whose docstring lists every injection.
 """
 
 from __future__ import annotations
 
 import ctypes
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..topology import Device, Link, MigProfile, NodeTopology, Partition
 from . import _nvml_api
+from ._fakenvml_ops import FakeNVMLOps
 from ._nvml_api import (
     NVMLError, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNINITIALIZED, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,
@@ -125,21 +131,32 @@ def is_nvswitch_topology(topology: NodeTopology) -> bool:
     return n >= 4 and len(links) == n * (n - 1) // 2 and len(counts) == 1 and None not in counts
 
 
-class FakeNVML:
+#: How many of the latest calls :attr:`FakeNVML.calls` keeps (a simulated node polls for as long as it runs).
+CALLS_KEPT = 10_000
+
+
+class FakeNVML(FakeNVMLOps):
     """An object usable in place of the ``pynvml`` module, answering from ``topology``.
 
     Args:
         topology: NVIDIA devices (NVML indices are the devices in index order).
+        driver_version: what ``nvmlSystemGetDriverVersion`` answers (default: ``topology.driver``;
+            None there too: NOT_SUPPORTED).
+        cuda_driver_version: ``nvmlSystemGetCudaDriverVersion_v2`` (e.g. 12040 for CUDA 12.4); default:
+            the CUDA version of the driver's branch (:data:`~._fakenvml_ops.DRIVER_CUDA`).
+        nvml_version: ``nvmlSystemGetNVMLVersion``; default ``"<CUDA major>.<driver>"`` as NVML reports it.
 
     Raises:
         ValueError: a device would need more than ``NVML_NVLINK_MAX_LINKS`` NVLinks, or an
             NVLink has a per-lane speed no NVLink version has.
     """
 
-    def __init__(self, topology: NodeTopology):
+    def __init__(self, topology: NodeTopology, *, driver_version: str | None = None,
+                 cuda_driver_version: int | None = None, nvml_version: str | None = None):
         self.topology = topology
         self.initialized = 0
-        self.calls: list[str] = []
+        #: names of the latest :data:`CALLS_KEPT` NVML calls, oldest first
+        self.calls: deque[str] = deque(maxlen=CALLS_KEPT)
         self._faults: dict[tuple[str, int | None], int] = {}
         devs = sorted(topology.devices, key=lambda d: d.index)
         self._pos = {d.index: i for i, d in enumerate(devs)}
@@ -155,6 +172,7 @@ class FakeNVML:
             self._build_mig(fd)
         for name, cls in _ERROR_CLASSES.items():
             setattr(self, name, cls)
+        self._init_ops(driver_version, cuda_driver_version, nvml_version)
 
     # ------------------------------------------------------------ model building
     def _build_nvlinks(self, topology: NodeTopology) -> None:
@@ -255,10 +273,6 @@ class FakeNVML:
         self._enter("nvmlShutdown")
         self.initialized -= 1
 
-    def nvmlSystemGetDriverVersion(self) -> str:
-        self._enter("nvmlSystemGetDriverVersion")
-        return self._known(self.topology.driver)
-
     def nvmlDeviceGetCount(self) -> int:
         self._enter("nvmlDeviceGetCount")
         return len(self._devices)
@@ -308,18 +322,6 @@ class FakeNVML:
         major, _, minor = self._known(fd.device.compute_capability).partition(".")
         return int(major), int(minor or 0)
 
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: _Handle) -> int:
-        fd = self._enter("nvmlDeviceGetRetiredPagesPendingStatus", handle)
-        if fd.device.health == "unknown":
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return NVML_FEATURE_ENABLED if fd.device.health == "degraded" else NVML_FEATURE_DISABLED
-
-    def nvmlDeviceGetRemappedRows(self, handle: _Handle) -> tuple[int, int, int, int]:
-        fd = self._enter("nvmlDeviceGetRemappedRows", handle)
-        if fd.device.health == "unknown":
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return (0, 0, 0, 1 if fd.device.health == "failed" else 0)
-
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: _Handle, device2: _Handle) -> int:
         a = self._enter("nvmlDeviceGetTopologyCommonAncestor", device1)
         b = self._enter("nvmlDeviceGetTopologyCommonAncestor", device2)
@@ -340,7 +342,8 @@ class FakeNVML:
         return fd.nvlinks[link] if link < len(fd.nvlinks) else None
 
     def nvmlDeviceGetNvLinkState(self, device: _Handle, link: int) -> int:
-        return NVML_FEATURE_ENABLED if self._nvlink("nvmlDeviceGetNvLinkState", device, link) else NVML_FEATURE_DISABLED
+        end = self._nvlink("nvmlDeviceGetNvLinkState", device, link)
+        return NVML_FEATURE_ENABLED if end and link not in self._ops[device.index].nvlink_down else NVML_FEATURE_DISABLED
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device: _Handle, link: int) -> nvmlPciInfo_t:
         end = self._nvlink("nvmlDeviceGetNvLinkRemotePciInfo", device, link)
@@ -359,11 +362,6 @@ class FakeNVML:
         return NVML_NVLINK_DEVICE_TYPE_UNKNOWN if end is None else end[0]
 
     # ------------------------------------------------------------ MIG
-    def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
-        fd = self._enter("nvmlDeviceGetMigMode", device)
-        mode = int(self._known(fd.device.mig_mode))
-        return [mode, mode]
-
     def nvmlDeviceGetGpuInstanceProfileInfo(self, device: _Handle, profile: int, version: int = 2) -> Any:
         fd = self._enter("nvmlDeviceGetGpuInstanceProfileInfo", device)
         if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
@@ -478,5 +476,6 @@ class FakeNVML:
 
 # Module-level aliases so ``FakeNVML`` instances also carry the constants and types.
 for _name, _value in list(globals().items()):
-    if _name.startswith(("NVML_", "c_nvml", "nvmlPciInfo_t", "struct_c_nvml")) or _name == "NVMLError":
+    if _name.startswith(("NVML_", "c_nvml", "nvmlPciInfo_t", "struct_c_nvml", "nvmlEvent", "nvmlClocks",
+                         "nvmlGpuFabricInfo_v")) or _name == "NVMLError":
         setattr(FakeNVML, _name, _value)
