@@ -14,8 +14,10 @@ machine drift hits both alike:
 * Ray Train start-up: ``TorchTrainer(ScalingConfig(num_workers=4, use_gpu=True))``
   with the gloo backend, ``fit()`` of a loop that returns at once, wall clock.
 
-Targets (issue "One ledger"): start latency <= 1.1x, Train start-up <= 1.1x. Medians
-over rounds, and the median of the per-round ratios.
+Targets (issue "One ledger"): start latency <= 1.1x, Train start-up <= 1.1x. With a
+new worker per task, Ray keeps few idle workers, so every other task waits for a
+worker process to start, on both nodes alike: the table gives p25 (an idle worker was
+ready) and the mean; with reused workers p50 (A/B: median of per-round ratios) and p99.
 Usage: ``python benchmarks/ray_overhead.py [--quick] [--rounds N] [--tasks N]``.
 """
 
@@ -115,13 +117,23 @@ def main() -> None:
     print(f"plain Ray work on a rayaccel node (A) vs a plain Ray node (B), both a simulated DGX-1; "
           f"{a.rounds} rounds x {a.tasks} tasks, interleaved")
     print(f"{'measure':<46} {'A rayaccel':>11} {'B plain':>9} {'A/B':>6}  target")
+    def q(xs: list[float], f: float) -> float:
+        xs = sorted(xs)
+        return xs[int(f * (len(xs) - 1))]
+
     for mode, label in (("fresh", "task start, @ray.remote(num_gpus=1) (new worker)"),
                         ("reuse", "task start, .options(num_gpus=1) (reused worker)")):
-        ma, mb = statistics.median(res[mode]["A"]), statistics.median(res[mode]["B"])
-        print(f"{label + ', p50 ms':<46} {ma:11.2f} {mb:9.2f} {statistics.median(ratios[mode]):6.2f}  <= 1.1")
-        pa = sorted(res[mode]["A"])[int(0.99 * (len(res[mode]["A"]) - 1))]
-        pb = sorted(res[mode]["B"])[int(0.99 * (len(res[mode]["B"]) - 1))]
-        print(f"{'  same, p99 ms':<46} {pa:11.2f} {pb:9.2f} {pa / pb:6.2f}")
+        A, B = res[mode]["A"], res[mode]["B"]
+        if mode == "fresh":
+            # Ray keeps few idle workers: every other task waits for a worker process to start, on
+            # both nodes alike. p25 is the task that found an idle worker; the mean covers both kinds.
+            print(f"{label + ', p25 ms':<46} {q(A, .25):11.2f} {q(B, .25):9.2f} {q(A, .25) / q(B, .25):6.2f}  <= 1.1")
+            ma, mb = statistics.fmean(A), statistics.fmean(B)
+            print(f"{'  same, mean ms':<46} {ma:11.2f} {mb:9.2f} {ma / mb:6.2f}  <= 1.1")
+        else:
+            print(f"{label + ', p50 ms':<46} {q(A, .5):11.2f} {q(B, .5):9.2f} "
+                  f"{statistics.median(ratios[mode]):6.2f}  <= 1.1")
+            print(f"{'  same, p99 ms':<46} {q(A, .99):11.2f} {q(B, .99):9.2f} {q(A, .99) / q(B, .99):6.2f}")
     print(f"{'TorchTrainer 4 workers, fit() s (median)':<46} {statistics.median(train['A']):11.2f} "
           f"{statistics.median(train['B']):9.2f} {statistics.median(tr):6.2f}  <= 1.1")
 

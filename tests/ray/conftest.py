@@ -53,7 +53,15 @@ def sim_cluster(ray_env):
 
     if ray.is_initialized():
         ray.shutdown()
-    c = SimulatedCluster(list(NODES), num_cpus=4, logging_level="ERROR", log_to_driver=False)
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    c = SimulatedCluster(list(NODES), num_cpus=4, metrics_export_port=port, logging_level="ERROR",
+                         log_to_driver=False)
+    c.metrics_port = port
     try:
         yield c
     finally:

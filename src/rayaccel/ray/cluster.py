@@ -66,6 +66,7 @@ class SimulatedCluster:
         plain: positions in ``topologies`` to start as plain Ray nodes (``num_gpus`` only, no
             rayaccel), e.g. to compare with Ray's own device choice on the same cluster.
         env: extra environment variables for every node's raylet (and workers).
+        metrics_export_port: the head's Prometheus endpoint port (None: Ray picks one).
         ray_init_kwargs: passed to ``ray.init`` when connecting.
 
     Raises:
@@ -74,7 +75,7 @@ class SimulatedCluster:
 
     def __init__(self, topologies: Sequence[NodeTopology | str], *, num_cpus: int = 4, connect: bool = True,
                  object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
-                 **ray_init_kwargs: Any):
+                 metrics_export_port: int | None = None, **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -97,6 +98,8 @@ class SimulatedCluster:
         try:
             args, key, d = self._node_args(topos[0], 0 in plain)
             args.update(temp_dir=self.temp_dir, include_dashboard=False)
+            if metrics_export_port is not None:
+                args["metrics_export_port"] = metrics_export_port
             self._cluster = Cluster(initialize_head=True, head_node_args=args)
             hn = self._cluster.head_node
             self.nodes.append(SimNode(hn.node_id, key, topos[0], hn, d))

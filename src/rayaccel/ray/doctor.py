@@ -104,18 +104,7 @@ def run(timeout_s: float = 15.0) -> list[Row]:
             else:
                 rows.append(Row(k, "agent", "fail", f"the node agent did not answer within {timeout_s:.0f} s",
                                 "check the node (ray status); restart it with `rayaccel start`"))
-    versions_ray = {k: f["ray"] for k, f in facts.items()}
-    versions_ra = {k: f["rayaccel"] for k, f in facts.items()}
-    versions_ray["driver"], versions_ra["driver"] = ray.__version__, rayaccel.__version__
-    for what, vs in (("ray version", versions_ray), ("rayaccel version", versions_ra)):
-        distinct = sorted(set(vs.values()))
-        if len(distinct) == 1:
-            rows.append(Row("cluster", what, "ok", f"{distinct[0]} on every node and this driver"))
-        else:
-            by = ", ".join(f"{k}: {v}" for k, v in sorted(vs.items()))
-            rows.append(Row("cluster", what, "fail", f"mixed versions ({by})",
-                            f"install the same {what.split()[0]} on every node (pip install "
-                            f"'{what.split()[0]}=={distinct[-1]}') and restart them"))
+    rows += version_rows(facts, ray_driver=ray.__version__, rayaccel_driver=rayaccel.__version__)
     for nid in v.unmanaged:
         rows.append(Row(nid[:12], "rayaccel node", "fail", "this node runs without rayaccel (plain `ray start`): "
                         "its GPUs are handed out by Ray's lowest-index rule and it has no health watcher",
@@ -129,6 +118,25 @@ def run(timeout_s: float = 15.0) -> list[Row]:
             continue
         rows += _node_rows(n.node_key, f)
     rows += _pending(nodes)
+    return rows
+
+
+def version_rows(facts: dict[str, dict], *, ray_driver: str, rayaccel_driver: str) -> list[Row]:
+    """Ray and rayaccel versions of every node (``facts``: node key -> agent facts) and the driver agree."""
+    rows = []
+    versions_ray = {k: f["ray"] for k, f in facts.items()}
+    versions_ra = {k: f["rayaccel"] for k, f in facts.items()}
+    versions_ray["driver"], versions_ra["driver"] = ray_driver, rayaccel_driver
+    for what, vs in (("ray version", versions_ray), ("rayaccel version", versions_ra)):
+        distinct = sorted(set(vs.values()))
+        if len(distinct) == 1:
+            rows.append(Row("cluster", what, "ok", f"{distinct[0]} on every node and this driver"))
+        else:
+            by = ", ".join(f"{k}: {v}" for k, v in sorted(vs.items()))
+            pkg = what.split()[0]
+            rows.append(Row("cluster", what, "fail", f"mixed versions ({by})",
+                            f"install the same {pkg} on every node (pip install '{pkg}=={distinct[-1]}') "
+                            f"and restart them"))
     return rows
 
 
