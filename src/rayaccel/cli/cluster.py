@@ -12,9 +12,11 @@ from ._common import console, fail, na, print_json
 
 def _start(ctx: typer.Context,
            topology: Optional[str] = typer.Option(None, "--topology", help="Simulate this catalog name or topology file instead of discovering."),
-           no_publish: bool = typer.Option(False, "--no-publish", help="Do not publish the topology or start the node agent (debugging).")) -> None:
+           no_publish: bool = typer.Option(False, "--no-publish", help="Do not publish the topology or start the node agent (debugging)."),
+           block: bool = typer.Option(False, "--block", help="Stay in the foreground until the node stops (containers, KubeRay); SIGTERM stops it.")) -> None:
     """Start a Ray node whose devices rayaccel manages (other flags go to `ray start`).
 
+    Without GPUs and without --topology the node advertises no devices (a CPU node).
     Example: rayaccel start --head --topology dgx1-v100
     """
     from rich.markup import escape
@@ -34,7 +36,16 @@ def _start(ctx: typer.Context,
     if res.head:
         console.print(f"  add a node:   rayaccel start --address={res.address}")
     console.print(f"  connect:      ray.init(address=\"{res.address}\")   (plain Ray code works unchanged)")
+    if not t.devices:
+        console.print("  no accelerator found here: a node without GPUs (simulate one with --topology dgx1-v100)")
     console.print(f"  stop it:      rayaccel stop --node {rec.node_key}")
+    if block:
+        import sys
+
+        from ..ray.lifecycle import block as wait
+
+        sys.stdout.flush()
+        raise typer.Exit(wait(rec.node_key))
 
 
 def _stop(node: Optional[str] = typer.Option(None, "--node", help="Key of the node to stop (see `rayaccel stop` with several)."),

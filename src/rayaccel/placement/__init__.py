@@ -8,7 +8,7 @@
 * :func:`allreduce_bandwidth_gbps` -- the modeled ring all-reduce bandwidth of a set.
 * :mod:`.baselines` -- Ray's first-free, go-gpuallocator's best-effort, random (benchmarks only).
 
-"The best set" follows DESIGN.md: weakest link, then total bandwidth, then NUMA
+"The best set" follows docs/ARCHITECTURE.md: weakest link, then total bandwidth, then NUMA
 (and NIC), then fragmentation. See :mod:`.search` and :mod:`.node`.
 """
 

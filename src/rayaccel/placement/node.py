@@ -1,6 +1,6 @@
 """The node allocator: the best set of whole devices on one node.
 
-Criteria (DESIGN.md "What the best set means"), in order:
+Criteria (docs/ARCHITECTURE.md "What the best set means"), in order:
 
 1. the weakest link among chosen pairs is as strong as possible;
 2. then the total pair bandwidth is as large as possible;

@@ -12,7 +12,7 @@ from .request import Request
 
 @dataclass(frozen=True, slots=True)
 class Score:
-    """How good a device set is, criterion by criterion (DESIGN.md "What the best set means").
+    """How good a device set is, criterion by criterion (docs/ARCHITECTURE.md "What the best set means").
 
     Attributes:
         weakest: label of the weakest pair (``"NV2"``, ``"SYS"``), None for one device.

@@ -1,4 +1,4 @@
-"""Exact search for the best k-device set on one node (criteria 1-3 of DESIGN.md).
+"""Exact search for the best k-device set on one node (criteria 1-3 of docs/ARCHITECTURE.md).
 
 Algorithm (per call, over the free devices of a node):
 

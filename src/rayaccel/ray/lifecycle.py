@@ -147,10 +147,12 @@ def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[
     args = list(ray_args)
     gpus = _flag_value(args, "--num-gpus")
     num_gpus, res = node_resources(topology, node_key)
-    if gpus is not None and gpus != str(num_gpus):
-        raise ClusterError(f"--num-gpus={gpus}: rayaccel sets --num-gpus={num_gpus} from the topology "
-                           f"(its GPU pool); drop the flag")
+    # KubeRay passes the pod's GPU count: accept it (every device, or the devices not in MIG mode)
+    if gpus is not None and gpus not in (str(num_gpus), str(len(topology.devices))):
+        raise ClusterError(f"--num-gpus={gpus}: this node has {len(topology.devices)} device(s), {num_gpus} of them "
+                           f"for Ray's GPU resource; rayaccel sets --num-gpus={num_gpus} itself: drop the flag")
     args = _without(args, "--num-gpus")
+    args = [a for a in args if a != "--block"]  # rayaccel start blocks itself (see start_node)
     user_res = _flag_value(args, "--resources")
     if user_res is not None:
         try:
@@ -210,7 +212,7 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
     from . import nodedir
     from .node import node_env, node_topology, prepare
 
-    topo, simulated = node_topology(topology)
+    topo, simulated = node_topology(topology, simulate_default=False)
     record, directory = prepare(topo, simulated)
     head = "--head" in ray_args
     try:
@@ -248,6 +250,32 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
             raise ClusterError(f"the node started but could not be published at {address}, so it was stopped "
                                f"again: {err}")
     return Started(record, address, head, len(pids), publish)
+
+
+def block(node_key: str, poll_s: float = 1.0) -> int:
+    """Stay in the foreground while the node runs (``rayaccel start --block``, e.g. a KubeRay container).
+
+    Returns 1 when the node's raylet exits by itself; on SIGTERM/SIGINT stops the node and returns 0.
+    """
+    stop = {"sig": None}
+
+    def on_signal(signum, _frame):
+        stop["sig"] = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        node = next(n for n in local_nodes() if n.node_key == node_key)
+        raylets = [(p, t) for p, t, name in node.pids if name == "raylet"] or [(p, t) for p, t, _ in node.pids]
+        while stop["sig"] is None:
+            if not any(_start_time(p) == t for p, t in raylets):
+                stop_local(node)
+                return 1
+            time.sleep(poll_s)
+        stop_local(node)
+        return 0
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _last_error(text: str) -> str:

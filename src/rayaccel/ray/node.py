@@ -40,8 +40,15 @@ HOOK_MODULE = "rayaccel.ray.hook"
 NODE_KEY_ENV = "RAYACCEL_NODE_KEY"
 
 
-def node_topology(topology: NodeTopology | str | None = None) -> tuple[NodeTopology, bool]:
+def node_topology(topology: NodeTopology | str | None = None, *,
+                  simulate_default: bool = True) -> tuple[NodeTopology, bool]:
     """The topology this node should advertise, and whether it is simulated (see module docstring).
+
+    Args:
+        topology: simulate this (NodeTopology, catalog name or file); None discovers.
+        simulate_default: with no hardware found, simulate the catalog default (the
+            embedded cluster) or else advertise no devices (``rayaccel start`` on a CPU
+            machine: a real node never pretends to have GPUs it lacks).
 
     Raises:
         CatalogError / TopologyError: a bad ``topology`` name or file.
@@ -57,6 +64,9 @@ def node_topology(topology: NodeTopology | str | None = None) -> tuple[NodeTopol
     except BackendUnavailable as e:
         from .. import catalog
 
+        if not simulate_default:
+            log.info("no accelerator found (%s); a node without devices", e)
+            return NodeTopology(name=None, sources=(f"no accelerator found: {str(e)[:300]}",)), False
         log.info("no accelerator found (%s); simulating %s", e, catalog.DEFAULT)
         return catalog.load(catalog.DEFAULT), True
 
