@@ -17,10 +17,12 @@ from rayaccel.placement.model import _key, ring
 from test_placement_machines import dgx1v, hgx_h100, pcie8, random_topology
 
 
-def _brute(ix, free, k, nvlink, nic, same_numa):
-    """Best (level, bandwidth, -NUMA, NIC) key over every k-subset of ``free`` meeting the constraints."""
+def _brute(ix, free, k, nvlink, nic, same_numa, required=()):
+    """Best (level, bandwidth, PCIe paths, -NUMA, NIC) key over every k-subset of ``free`` meeting the constraints."""
     out = None
     for s in itertools.combinations(free, k):
+        if not set(required) <= set(s):
+            continue
         if nvlink and not all(ix.direct[a][b] for a, b in itertools.combinations(s, 2)):
             continue
         if same_numa and len({ix.numa[p] for p in s}) != 1:
@@ -29,7 +31,8 @@ def _brute(ix, free, k, nvlink, nic, same_numa):
             continue
         lvl = min((ix.level[a][b] for a, b in itertools.combinations(s, 2)), default=len(ix.levels))
         bw = sum(ix.bw[a][b] for a, b in itertools.combinations(s, 2))
-        key = (lvl, bw, -len({ix.numa[p] for p in s}), sum(ix.nic_near[p] for p in s) if nic else 0)
+        pc = sum(ix.pcie[a][b] for a, b in itertools.combinations(s, 2))
+        key = (lvl, bw, pc, -len({ix.numa[p] for p in s}), sum(ix.nic_near[p] for p in s) if nic else 0)
         out = key if out is None or key > out else out
     return out
 
@@ -48,6 +51,25 @@ def test_table_search_equals_brute_force(seed, n, k, flags):
     if got:
         for m in got.sets:  # every tied set is inside the free mask and scores the best key
             assert m & ~mask == 0 and bin(m).count("1") == k
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 9), k=st.integers(1, 9), flags=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+def test_table_search_with_required_devices_equals_brute_force(seed, n, k, flags):
+    rng = random.Random(seed)
+    ix = index_of(random_topology(rng, n))
+    free = [p for p in range(n) if rng.random() < 0.8]
+    required = rng.sample(free, min(len(free), rng.randint(1, 3))) if free else []
+    mask = sum(1 << p for p in free)
+    req = sum(1 << p for p in required)
+    nvlink, nic, same_numa = flags
+    got = best(table_of(ix), mask, k, nvlink, nic, same_numa, cap=None, req=req)
+    want = _brute(ix, free, k, nvlink, nic, same_numa, required) if len(required) <= k <= len(free) else None
+    assert (got.key if got else None) == want
+    if got:  # every tied set holds the required devices, and all tied sets are there (cap=None)
+        ties = {sum(1 << p for p in s) for s in itertools.combinations(free, k)
+                if set(required) <= set(s) and _brute(ix, list(s), k, nvlink, nic, same_numa) == want}
+        assert set(got.sets) == ties
 
 
 @pytest.mark.parametrize("machine", [dgx1v, pcie8, hgx_h100], ids=["DGX-1V", "8x PCIe two sockets", "HGX H100"])

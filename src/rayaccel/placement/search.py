@@ -12,8 +12,11 @@ Algorithm (per call, over the free devices of a node):
    ``r`` largest ``conn(v) + 1/2 * (r-1 largest bw(v, u), u in C)`` (each pair
    among new devices is counted half by each end, so it never under-estimates);
    the NUMA bound counts the NUMA nodes still needed to hold ``r`` more devices.
-3. Symmetry: devices whose link rows are identical (twins: same level and
-   bandwidth to every other device, same NUMA node, same NIC proximity) are
+   Required devices seed the search (the clique starts from them). Criterion 2b
+   (the PCIe paths under the links) then orders the tied sets found (up to the
+   tie cap): exact on the tables (up to 16 devices), best among those ties above.
+3. Symmetry: devices whose link rows are identical (twins: same level,
+   bandwidth and PCIe path to every other device, same NUMA node, same NIC proximity) are
    interchangeable, so within a twin class only prefixes are explored. An
    all-to-all NVSwitch domain collapses to one class per NUMA node, which makes
    large uniform domains (NVL72) exact and fast.
@@ -45,7 +48,7 @@ _DIRECT_CLASS = len(PCIE_CLASSES) + 1
 
 @dataclass
 class SearchResult:
-    """Best sets found. ``key`` = (min level, total milli-GB/s, -NUMA nodes, near NICs); higher is better."""
+    """Best sets found. ``key`` = (min level, total milli-GB/s, PCIe-path score, -NUMA nodes, near NICs); higher is better."""
 
     key: tuple
     sets: list[int]  # tied masks (at most the tie cap)
@@ -66,7 +69,7 @@ def twin_classes(ix: TopoIndex, with_nic: bool) -> list[int]:
     if got is not None:
         return got
     n = ix.n
-    lv, bw = ix.level, ix.bw
+    lv, bw, pc = ix.level, ix.bw, ix.pcie
     cls = [-1] * n
     members: list[list[int]] = []
     for v in range(n):
@@ -77,7 +80,7 @@ def twin_classes(ix: TopoIndex, with_nic: bool) -> list[int]:
             ok = True
             for m in mem:
                 for w in range(n):
-                    if w != m and w != v and (lv[m][w] != lv[v][w] or bw[m][w] != bw[v][w]):
+                    if w != m and w != v and (lv[m][w] != lv[v][w] or bw[m][w] != bw[v][w] or pc[m][w] != pc[v][w]):
                         ok = False
                         break
                 if not ok:
@@ -94,38 +97,49 @@ def twin_classes(ix: TopoIndex, with_nic: bool) -> list[int]:
 
 
 def best_sets(ix: TopoIndex, free_mask: int, k: int, *, nvlink: bool = False, nic: bool = False,
-              same_numa: bool = False, tie_cap: int = 12) -> SearchResult | None:
+              same_numa: bool = False, tie_cap: int | None = 12, required: int = 0,
+              classes: list[int] | None = None) -> SearchResult | None:
     """The best ``k``-sets among ``free_mask`` (positions), or None when no set meets the constraints.
 
     Args:
         ix: the topology index. free_mask: bit i set when position i is free.
         k: set size (>= 1). nvlink: every pair must be directly linked.
         nic: at least one device must have an RDMA NIC at PIX/PXB (and more is better).
-        same_numa: all devices on one NUMA node. tie_cap: how many tied sets to keep.
+        same_numa: all devices on one NUMA node. tie_cap: how many tied sets to keep
+            (None: every tied set; only on nodes with tables, else 12).
+        required: positions (mask) every set must contain.
+        classes: twin classes to use above the table size (default :func:`twin_classes`);
+            a caller that tells some devices apart (``near``) passes finer ones.
     """
-    ck = (free_mask, k, nvlink, nic, same_numa, tie_cap)
+    ck = (free_mask, k, nvlink, nic, same_numa, tie_cap, required, None if classes is None else tuple(classes))
     cache = ix.results
     hit = cache.get(ck)
     if hit is not None or ck in cache:
         return hit
     tb = table_of(ix)
     if tb is not None:
-        result = table_best(tb, free_mask, k, nvlink, nic, same_numa, tie_cap)
+        result = table_best(tb, free_mask, k, nvlink, nic, same_numa, tie_cap, required)
         if len(cache) > 100_000:
             cache.clear()
         cache[ck] = result
         return result
+    cap = 12 if tie_cap is None else tie_cap
     free = [i for i in range(ix.n) if free_mask >> i & 1]
-    if same_numa:
+    if required & ~free_mask:
+        result = None
+    elif same_numa:
         groups: dict = {}
         for i in free:
             groups.setdefault(ix.numa[i], []).append(i)
         result = None
         for g in groups.values():
-            r = _search(ix, g, k, nvlink, nic, tie_cap)
-            result = _merge(result, r, tie_cap)
+            gm = sum(1 << i for i in g)
+            if required & ~gm:
+                continue
+            r = _search(ix, g, k, nvlink, nic, cap, required, classes)
+            result = _merge(result, r, cap)
     else:
-        result = _search(ix, free, k, nvlink, nic, tie_cap)
+        result = _search(ix, free, k, nvlink, nic, cap, required, classes)
     if len(cache) > 100_000:
         cache.clear()
     cache[ck] = result
@@ -146,13 +160,18 @@ def _merge(a: SearchResult | None, b: SearchResult | None, cap: int) -> SearchRe
     return a
 
 
-def _search(ix: TopoIndex, free: list[int], k: int, nvlink: bool, nic: bool, cap: int) -> SearchResult | None:
+def _search(ix: TopoIndex, free: list[int], k: int, nvlink: bool, nic: bool, cap: int, required: int = 0,
+            classes: list[int] | None = None) -> SearchResult | None:
     if len(free) < k or k < 1:
         return None
     near = ix.nic_near
+    req = [i for i in free if required >> i & 1]
+    if len(req) > k:
+        return None
     if k == 1:
         top = len(ix.levels)
-        scored = sorted(((top, 0, -1, int(near[v]) if nic else 0), 1 << v) for v in free if not nic or near[v])
+        pool = req or free
+        scored = sorted(((top, 0, 0, -1, int(near[v]) if nic else 0), 1 << v) for v in pool if not nic or near[v])
         if not scored:
             return None
         best = max(s[0] for s in scored)
@@ -160,20 +179,33 @@ def _search(ix: TopoIndex, free: list[int], k: int, nvlink: bool, nic: bool, cap
                             [(s, m) for s, m in scored if s != best][:5])
     lv = ix.level
     present = sorted({lv[a][b] for i, a in enumerate(free) for b in free[i + 1:]}, reverse=True)
+    if req:
+        ceiling = min((lv[a][b] for i, a in enumerate(req) for b in req[i + 1:]), default=None)
+        if ceiling is not None:
+            present = [t for t in present if t <= ceiling]
     if nvlink:
         present = [t for t in present if ix.levels[t][0] == _DIRECT_CLASS]
     budget = None if ix.n <= EXACT_UP_TO else BUDGET
-    cls = twin_classes(ix, nic)
+    cls = classes if classes is not None else twin_classes(ix, nic)
     total = 0
     for t in present:
         alive = _core(ix, free, k, t)
-        if len(alive) < k:
+        if len(alive) < k or any(r not in alive for r in req):
             continue
+        if req:
+            alive = [v for v in alive if v in req or all(lv[v][r] >= t for r in req)]
+            if len(alive) < k:
+                continue
         s = _Clique(ix, k, t, nic, cap, cls, budget)
-        s.run(alive)
+        s.run(alive, req)
         total += s.expansions
         if s.best is not None:
-            res = SearchResult((t,) + s.best, s.ties, sorted(((t,) + kk, m) for kk, m in s.runners)[::-1][:5],
+            top = max(s.pcie[m] for m in s.ties)
+            ties = [m for m in s.ties if s.pcie[m] == top]
+            runners = [(kk, m) for kk, m in s.runners] + [(s.best, m) for m in s.ties if s.pcie[m] != top]
+            bw, neg_numa, nic_n = s.best
+            res = SearchResult((t, bw, top, neg_numa, nic_n), ties,
+                               sorted(((t, kk[0], s.pcie.get(m, 0), kk[1], kk[2]), m) for kk, m in runners)[::-1][:5],
                                optimal=not s.exhausted, expansions=total)
             if s.exhausted:
                 res.bound_mgbps = s.root_bound
@@ -201,23 +233,39 @@ def _core(ix: TopoIndex, free: list[int], k: int, t: int) -> list[int]:
 class _Clique:
     def __init__(self, ix: TopoIndex, k: int, t: int, nic: bool, cap: int, cls: list[int], budget: int | None):
         self.ix, self.k, self.t, self.nic, self.cap, self.cls, self.budget = ix, k, t, nic, cap, cls, budget
-        self.best: tuple | None = None  # (bw, -numa, nic)
+        self.best: tuple | None = None  # (bw, -numa, nic); the PCIe-path score breaks ties afterwards
+        self.pcie: dict[int, int] = {}  # mask -> PCIe-path score, for the leaves seen
         self.ties: list[int] = []
         self.runners: list[tuple[tuple, int]] = []
         self.expansions = 0
         self.exhausted = False
         self.root_bound: int | None = None
 
-    def run(self, alive: list[int]) -> None:
-        conn = {v: 0 for v in alive}
+    def run(self, alive: list[int], req: list[int] = ()) -> None:
+        ix = self.ix
+        B, P = ix.bw, ix.pcie
+        mask = bw = pc = nic_count = 0
+        numas: dict = {}
+        for v in req:
+            for u in req:
+                if u < v:
+                    bw += B[v][u]
+                    pc += P[v][u]
+            mask |= 1 << v
+            numas[ix.numa[v]] = numas.get(ix.numa[v], 0) + 1
+            nic_count += ix.nic_near[v]
+        cands = [v for v in alive if not mask >> v & 1]
+        conn = {v: sum(B[v][u] for u in req) for v in cands}
+        connp = {v: sum(P[v][u] for u in req) for v in cands}
         try:
-            self._dfs(0, 0, {}, 0, alive, conn, root=True)
+            self._dfs(mask, bw, pc, numas, nic_count, cands, conn, connp, root=True)
         except _Out:
             self.exhausted = True
 
-    def _leaf(self, mask: int, bw: int, numas: dict, nic_count: int) -> None:
+    def _leaf(self, mask: int, bw: int, pc: int, numas: dict, nic_count: int) -> None:
         if self.nic and nic_count == 0:
             return
+        self.pcie[mask] = pc
         key = (bw, -len(numas), nic_count if self.nic else 0)
         if self.best is None or key > self.best:
             if self.best is not None:
@@ -231,14 +279,15 @@ class _Clique:
         if len(self.runners) > 20:
             self.runners = sorted(self.runners, reverse=True)[:5]
 
-    def _dfs(self, mask: int, bw: int, numas: dict, nic_count: int, cands: list[int], conn: dict, root=False) -> None:
+    def _dfs(self, mask: int, bw: int, pc: int, numas: dict, nic_count: int, cands: list[int], conn: dict,
+             connp: dict, root=False) -> None:
         self.expansions += 1
         if self.budget is not None and self.expansions > self.budget:
             raise _Out
         ix = self.ix
         r = self.k - bin(mask).count("1")
         if r == 0:
-            self._leaf(mask, bw, numas, nic_count)
+            self._leaf(mask, bw, pc, numas, nic_count)
             return
         if len(cands) < r:
             return
@@ -268,6 +317,7 @@ class _Clique:
                 if full and numa_lb == -best[1] and (not self.nic or nic_count + r <= best[2]):
                     return
         lv, t, cls, near, numa = ix.level, self.t, self.cls, ix.nic_near, ix.numa
+        P = ix.pcie
         skipped: set[int] = set()
         nc = len(cands)
         for idx in range(nc):
@@ -283,10 +333,12 @@ class _Clique:
             if len(new) < r - 1:
                 continue
             row_b = B[v]
+            row_p = P[v]
             nconn = {u: conn[u] + row_b[u] for u in new}
+            nconnp = {u: connp[u] + row_p[u] for u in new}
             nv = numa[v]
             numas[nv] = numas.get(nv, 0) + 1
-            self._dfs(mask | (1 << v), bw + conn[v], numas, nic_count + near[v], new, nconn)
+            self._dfs(mask | (1 << v), bw + conn[v], pc + connp[v], numas, nic_count + near[v], new, nconn, nconnp)
             numas[nv] -= 1
             if not numas[nv]:
                 del numas[nv]

@@ -1,0 +1,127 @@
+"""What decides among sets tied on criteria 1-3: ``near`` (data locality), then fragmentation.
+
+Criterion 4 (fragmentation), computed on nodes of up to 16 devices over *every*
+tied set (no cap), compares what each candidate leaves free, ``R``:
+
+a. **groups kept whole**: for each size ``s`` (largest first), whether ``R``
+   still holds an *s-group* -- an s-set as good as the idle node's best s-set on
+   weakest link and NUMA nodes (criteria 1 and 3). On a DGX-1 that is an NVLink
+   quad at s=4 and an NV2 pair at s=2; on an 8x A10 with two NVLink quads a
+   1- or 2-GPU job takes from the broken quad; on an NVSwitch box it keeps whole
+   NUMA nodes. This is what protects later requests of *any* size. Bandwidth
+   sums are left out on purpose: at large sizes they would let noise decide
+   before the sizes where groups exist.
+b. **packing at the request's size**: pack ``R`` greedily into best sets of
+   size max(k, 2) (repeatedly take the best set of that size from what is left)
+   and sum the weakest-link levels, then the bandwidths, of those sets. A
+   1-GPU job thus takes a device whose partner is busy instead of breaking up an
+   NVLink pair (k8s-device-plugin#1193).
+
+Both are functions of ``R`` up to the node's symmetries (devices with
+identical link rows are interchangeable), so each is computed once per class of
+isomorphic remainders (:func:`canonical`) and cached per topology.
+
+``near`` (a soft preference, ahead of criterion 4): the modeled seconds to
+bring 1 GiB from each near device to the nearest chosen device
+(:func:`rayaccel.transfer.locality_cost`), summed; the lowest wins.
+"""
+
+from __future__ import annotations
+
+from ._index import TopoIndex
+from ._table import Table, group_bits, pack_quality
+
+#: Bytes assumed on each ``near`` device when modeling the locality cost.
+NEAR_BYTES = 1 << 30
+
+
+def canonical(ix: TopoIndex, rest: int) -> int:
+    """A representative of ``rest`` under the twin symmetries (same count per twin class, lowest positions).
+
+    Twins that differ in health or MIG mode are kept apart (they are not interchangeable).
+    """
+    got = ix.cache.get("canon")
+    if got is None:
+        from .search import twin_classes
+
+        cls = twin_classes(ix, False)
+        mig = {d.index for d in ix.topology.devices if d.mig_mode}
+        members: dict[tuple, list[int]] = {}
+        for p, c in enumerate(cls):
+            members.setdefault((c, p in ix.failed, ix.indices[p] in mig), []).append(p)
+        singles = 0
+        groups = []
+        for ps in members.values():
+            if len(ps) == 1:
+                singles |= 1 << ps[0]
+            else:
+                cm = sum(1 << p for p in ps)
+                prefix = [0]
+                for p in ps:
+                    prefix.append(prefix[-1] | (1 << p))
+                groups.append((cm, prefix))
+        got = ix.cache["canon"] = (singles, tuple(groups))
+    singles, groups = got
+    out = rest & singles
+    for cm, prefix in groups:
+        out |= prefix[(rest & cm).bit_count()]
+    return out
+
+
+def fragmentation(ix: TopoIndex, tb: Table, usable: int, pool: int, cands: list[int], k: int):
+    """Criterion 4 over ``cands`` (masks): (winners, their quality, {mask: quality}, which part decided).
+
+    ``pool``: devices free for exclusive use (the remainder is ``pool & ~m``);
+    ``usable``: devices that are not failed or in MIG mode (where groups live).
+    The quality is ``(groups kept, packing levels, packing milli-GB/s)``; "decided"
+    is ``"4a"``, ``"4b"`` or None (still tied).
+    """
+    pool &= usable
+    a_of = {}
+    for m in cands:
+        a_of[m] = group_bits(tb, usable, canonical(ix, pool & ~m))
+    top_a = max(a_of.values())
+    left = [m for m in cands if a_of[m] == top_a]
+    decided = "4a" if len(left) < len(cands) else None
+    quality = {m: (a_of[m],) for m in cands}
+    if len(left) > 1:
+        b_of = {m: pack_quality(tb, canonical(ix, pool & ~m), k) for m in left}
+        top_b = max(b_of.values())
+        win = [m for m in left if b_of[m] == top_b]
+        if len(win) < len(left) and decided is None:
+            decided = "4b"
+        for m in left:
+            quality[m] = (a_of[m], *b_of[m])
+        left = win
+    return left, quality, decided
+
+
+def near_costs(ix: TopoIndex) -> list[list[int]]:
+    """Nanoseconds to bring :data:`NEAR_BYTES` from position ``d`` to position ``s`` (0 when equal). Cached."""
+    got = ix.cache.get("near")
+    if got is None:
+        from ..transfer import Endpoint, locality_cost
+
+        topo = ix.topology
+        eps = [Endpoint("node", d, topo) for d in ix.indices]
+        got = [[round(locality_cost(eps[s], [(eps[d], NEAR_BYTES)]) * 1e9) for s in range(ix.n)] for d in range(ix.n)]
+        ix.cache["near"] = got
+    return got
+
+
+def near_cost(ix: TopoIndex, near: list[int], m: int) -> int:
+    """Summed over ``near`` positions: nanoseconds to the nearest chosen device of ``m``."""
+    cost = near_costs(ix)
+    ps = [p for p in range(ix.n) if m >> p & 1]
+    return sum(min(cost[d][p] for p in ps) for d in near)
+
+
+def near_classes(ix: TopoIndex, with_nic: bool, near: list[int]) -> list[int]:
+    """Twin classes with each ``near`` position in a class of its own (the search must tell them apart)."""
+    from .search import twin_classes
+
+    cls = list(twin_classes(ix, with_nic))
+    top = max(cls, default=-1)
+    for i, p in enumerate(near):
+        cls[p] = top + 1 + i
+    return cls
