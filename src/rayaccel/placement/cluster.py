@@ -32,79 +32,125 @@ from .result import Allocation, GangAllocation, Rejection
 from .state import NodeState
 
 STRATEGIES = ("pack", "spread", "strict-pack")
-_RESULTS: dict = {}  # request -> {node state key: (rank or () when rejected, allocation or rejection)}
+_RESULTS: dict = {}  # request -> ({node state key id: rank int, -1 when rejected}, {key id: decision})
 _IDLE: dict = {}  # (topology key, request) -> weakest-link rank of the best set on an idle node
+_NO_RANK = -1
 
 
 def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) -> Allocation | Rejection:
     """The best node and devices for ``request`` across ``nodes`` (``Allocation.node`` is set).
 
     Each node's answer is cached per (request, node state key), so a decision
-    costs three list passes at C speed plus one fresh search per node whose
-    state was not seen before. Nodes are ranked by :func:`node_rank`.
+    costs a few list passes at C speed (state key ids, cached ranks as ints,
+    max, index) plus one fresh search per node whose state was not seen
+    before. Nodes are ranked by :func:`node_rank`.
+
+    ``required``: nodes that lack one of the indices are skipped (a Rejection
+    when no node has them all is a RequestError: the request names devices no
+    node has). ``near`` with ``near_node``: that node is evaluated with the
+    locality preference and ranks first among the nodes that reach their type's
+    best interconnect (see :func:`node_rank`); the others are placed as if
+    ``near`` were not given. ``near`` without ``near_node`` applies to every node
+    that has those indices.
 
     Raises:
-        RequestError: an invalid request, or ``nodes`` not a sequence of :class:`NodeState`.
+        RequestError: an invalid request, ``nodes`` not a sequence of :class:`NodeState`,
+            or ``required`` devices that no node has.
     """
     req = make_request(request, **fields)
-    cache = _RESULTS.get(req)
-    if cache is None:
+    holder = None
+    base = req
+    if req.near_node is not None:
+        base = replace(req, near=(), near_node=None)
+        for i, st in enumerate(nodes):
+            if getattr(st, "node_id", None) == req.near_node:
+                holder = i
+                break
+    got = _RESULTS.get(base)
+    if got is None:
         if len(_RESULTS) > 1000:
             _RESULTS.clear()
-        cache = _RESULTS[req] = {}
+        got = _RESULTS[base] = ({}, {})
+    ranks_of, decisions = got
     try:
-        keys = [st._key or st.key for st in nodes]
+        kids = [st._kid or st.key_id() for st in nodes]
     except AttributeError:
         _check_nodes(nodes)
         raise
-    got = list(map(cache.get, keys))
-    if None in got:
-        if len(cache) > 100_000:
-            cache.clear()
-        for i, r in enumerate(got):
+    ranks = list(map(ranks_of.get, kids))
+    if None in ranks:
+        if len(ranks_of) > 100_000:
+            ranks_of.clear()
+            decisions.clear()
+        i = ranks.index(None)
+        while True:
+            kid = kids[i]
+            r = ranks_of.get(kid)
             if r is None:
-                r = cache.get(keys[i])
-                if r is None:
-                    r = cache[keys[i]] = _evaluate(nodes[i], req)
-                got[i] = r
-    ranks = [r[0] for r in got]
-    top = max(ranks) if ranks else None
-    if not top:
-        if not nodes:
-            return Rejection(("there are no nodes",), req)
-        reasons: Counter = Counter()
-        examples: dict[str, str] = {}
-        for st, (_, alloc) in zip(nodes, got):
-            for reason in alloc.reasons[:1]:
-                reasons[reason] += 1
-                examples.setdefault(reason, st.node_id or "?")
-        lines = [f"{n} node(s): {why} (e.g. {examples[why]})" for why, n in reasons.most_common(4)]
-        return Rejection((f"no node of {len(nodes)} can place it", *lines), req)
+                d, r = _evaluate(nodes[i], base)
+                ranks_of[kid] = r
+                decisions[kid] = d
+            ranks[i] = r
+            try:
+                i = ranks.index(None, i + 1)
+            except ValueError:
+                break
+    top = max(ranks) if ranks else _NO_RANK
+    if holder is not None:
+        d, r = _evaluate(nodes[holder], req, local=True)
+        if r > top or (r == top and holder < ranks.index(top)):
+            win = materialize(d) if isinstance(d, Decision) else d
+            return win if win.node == nodes[holder].node_id else replace(win, node=nodes[holder].node_id)
+    if top == _NO_RANK:
+        return _rejection(nodes, kids, decisions, base)
     i = ranks.index(top)
-    win = got[i][1]
+    win = decisions[kids[i]]
     if isinstance(win, Decision):
         win = materialize(win)
     return win if win.node == nodes[i].node_id else replace(win, node=nodes[i].node_id)
 
 
-def node_rank(state: NodeState, alloc: Allocation | Decision) -> tuple:
+def _rejection(nodes: Sequence[NodeState], kids: list[int], decisions: dict, req: Request) -> Rejection:
+    if not nodes:
+        return Rejection(("there are no nodes",), req)
+    reasons: Counter = Counter()
+    examples: dict[str, str] = {}
+    for st, kid in zip(nodes, kids):
+        for reason in decisions[kid].reasons[:1]:
+            reasons[reason] += 1
+            examples.setdefault(reason, st.node_id or "?")
+    if req.required and all(r.startswith("has no device ") for r in reasons):
+        raise RequestError(f"no node has device {_list_missing(nodes, req)}", "required",
+                           "device indices that some node has")
+    lines = [f"{n} node(s): {why} (e.g. {examples[why]})" for why, n in reasons.most_common(4)]
+    return Rejection((f"no node of {len(nodes)} can place it", *lines), req)
+
+
+def _list_missing(nodes: Sequence[NodeState], req: Request) -> str:
+    have = set().union(*(set(st.topology.indices) for st in nodes)) if nodes else set()
+    return ", ".join(str(d) for d in req.required if d not in have) or ", ".join(map(str, req.required))
+
+
+def node_rank(state: NodeState, alloc: Allocation | Decision, local: bool = False) -> tuple:
     """How the cluster placer ranks a node's allocation (higher is better; ties go to the earlier node).
 
     Multi-device requests:
 
     1. whether the set is as good as the best an *idle* node of that type offers
        (same weakest link), i.e. the job gets its machine type's best interconnect;
-    2. packing: a node already partly used beats a fully free one (keep whole
+    2. ``local``: the node holds the request's data (``near_node``);
+    3. packing: a node already partly used beats a fully free one (keep whole
        nodes for large jobs), then the node left with the fewest free devices
        (best fit);
-    3. criteria 1-3 of the set (weakest link, total bandwidth, NUMA, NIC), so
-       among equally packed nodes the better-wired type wins.
+    4. criteria 1-3 of the set (weakest link, total bandwidth, PCIe paths, NUMA,
+       NIC), so among equally packed nodes the better-wired type wins.
 
-    Single-device requests (no interconnect to protect): a partly used node
-    beats a fully free one, then criteria 1-3, then the earlier node (first fit
-    in the given order). First fit rather than best fit: consolidating small
-    jobs on a stable prefix of the nodes leaves the other nodes whole, and in
-    the churn benchmark it strands fewer free devices than best fit does.
+    Single-device requests (no interconnect to protect): the node holding the
+    data first, then a partly used node beats a fully free one, then criteria
+    1-3, then the earlier node (first fit in the given order). First fit rather
+    than best fit: consolidating small jobs on a stable prefix of the nodes
+    leaves the other nodes whole, and in the churn benchmark it strands fewer
+    free devices than best fit does.
 
     ``alloc`` may be a :class:`~.node.Decision` (the same ranking, computed before
     the allocation is materialized).
@@ -121,18 +167,47 @@ def node_rank(state: NodeState, alloc: Allocation | Decision) -> tuple:
             return (sc.key() if sc is not None else (), -(n - taken - k))
         weakest, key = sc.weakest_rank, sc.key()
     if k == 1:
-        return (1 if taken else 0, key)
+        return (1 if local else 0, 1 if taken else 0, key)
     best = _idle_best(state, alloc.request)
     reaches = 1 if best is None or weakest == best else 0
-    return (reaches, 1 if taken else 0, -(n - taken - k), key)
+    return (reaches, 1 if local else 0, 1 if taken else 0, -(n - taken - k), key)
 
 
-def _evaluate(st: NodeState, req: Request) -> tuple:
+_KEY_BITS = 120  # _key_int uses 7 + 31 + 45 + 14 + 9 + 8 = 114 bits
+
+
+def _key_int(key: tuple) -> int:
+    """``Score.key()`` as one int with the same order (within one request)."""
+    rank, total, pcie, neg_numa, nic = key
+    return ((((((min(rank[0], 127) << 31) | round(rank[1] * 1000)) << 45 | round(total * 1000)) << 14 | pcie) << 9
+             | (256 + max(neg_numa, -256))) << 8) | min(nic, 255)
+
+
+def _rank_int(rank: tuple) -> int:
+    """:func:`node_rank` as one int with the same order (within one request)."""
+    if len(rank) == 2:  # MIG / shared: (key or (), -(free left))
+        key, fit = rank
+        return ((_key_int(key) if key else 0) << 17) | (65536 + max(fit, -65536))
+    if len(rank) == 3:  # one device: (local, partly used, key)
+        local, partly, key = rank
+        return (((local << 1) | partly) << _KEY_BITS) | _key_int(key)
+    reaches, local, partly, fit, key = rank
+    return (((((reaches << 1) | local) << 1 | partly) << 17 | (65536 + max(fit, -65536))) << _KEY_BITS) | _key_int(key)
+
+
+def _evaluate(st: NodeState, req: Request, local: bool = False) -> tuple:
+    """(decision or rejection, rank int; -1 when rejected)."""
+    if req.required or req.near:
+        have = st.topology.indices
+        missing = [d for d in req.required if d not in have]
+        if missing:
+            return Rejection((f"has no device {missing[0]}",), req, st.node_id), _NO_RANK
+        if any(d not in have for d in req.near):
+            req = replace(req, near=tuple(d for d in req.near if d in have), near_node=None)
     d = decide(st, req)
     if not d:
-        return ((), d)
-    return (node_rank(st, d), d)
-
+        return d, _NO_RANK
+    return d, _rank_int(node_rank(st, d, local))
 
 def _idle_best(state: NodeState, request: Request):
     ck = (state.key[0], request)
