@@ -117,7 +117,15 @@ def test_multi_gpu_job_on_equally_packed_nodes_takes_the_better_wired_one():
 
 def test_single_gpu_jobs_fill_partly_used_nodes_first_fit():
     """1-GPU jobs: partly used nodes first, then the earlier node (not the fullest): a stable prefix fills up."""
-    nodes = [NodeState(hgx_h100(), node_id="idle"), NodeState(hgx_h100(), busy=frozenset({0}), node_id="a"),
-             NodeState(hgx_h100(), busy=frozenset({0, 1, 2}), node_id="b")]
+    nodes = [NodeState(hgx_h100(), node_id="idle"), NodeState(hgx_h100(), busy=frozenset({0, 1}), node_id="a"),
+             NodeState(hgx_h100(), busy=frozenset({0, 1, 4, 5}), node_id="b")]
     assert place(nodes, Request(gpus=1)).node == "a"
     assert place(nodes[:1], Request(gpus=1)).node == "idle"
+
+
+def test_single_gpu_jobs_take_a_straggler_before_breaking_a_pair():
+    """Node b's device 3 has no free NUMA-0 partner left: a 1-GPU job takes it rather than split a pair on a."""
+    nodes = [NodeState(hgx_h100(), node_id="idle"), NodeState(hgx_h100(), busy=frozenset({0}), node_id="a"),
+             NodeState(hgx_h100(), busy=frozenset({0, 1, 2}), node_id="b")]
+    a = place(nodes, Request(gpus=1))
+    assert a.node == "b" and a.devices == (3,)

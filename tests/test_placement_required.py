@@ -161,23 +161,33 @@ def test_place_with_required_skips_nodes_without_the_device():
     (dgx1v, dict(gpus=2), {0, 1, 2, 3, 5, 6}, "only set", "the only set"),
     (dgx1v, dict(gpus=1), {0}, "criterion 4", "criterion 4 (fragmentation): leaves a free 4-device group"),
     (lambda: catalog.load("mi300x-8x"), dict(gpus=4), {0}, "criterion 3", "criterion 3 (NUMA nodes): 1 vs 2"),
-    (hgx_h100, dict(gpus=4), {0}, "criterion 2b", "criterion 2b (PCIe path under the links"),
+    (hgx_h100, dict(gpus=4), {0}, "criterion 3", "criterion 3 (NUMA nodes): 1 vs 2"),
     (hgx_h100, dict(gpus=2, near=(5,)), set(), "near", "near (data locality)"),
 ], ids=["symmetric quads tie", "packing decides", "weakest link decides", "only set", "fragmentation", "NUMA",
-        "PCIe paths (same socket)", "near"])
+        "NUMA on NVSwitch", "near"])
 def test_explain_names_the_criterion_that_decided(build, fields, busy, decided, text):
     a = plan(build(), busy=busy, **fields)
     assert a.decided_by == decided, a.explain()
     assert f"decided by: {text}" in a.explain()
 
 
-def test_pcie_path_under_nvlink_breaks_a_tie_on_bandwidth():
-    """DGX-1 (catalog): NV2 pairs {2,3} and {6,7} also share a PCIe switch; go-gpuallocator scores that +50."""
-    a = plan(catalog.load("dgx1-v100"), gpus=2)
-    assert set(a.devices) in ({2, 3}, {6, 7})
-    r = plan(catalog.load("dgx1-v100"), gpus=2, busy={2})
-    assert set(r.devices) == {6, 7} and r.decided_by == "criterion 2b", r.explain()
-    assert "criterion 2b (PCIe path under the links: same switch > same root complex > same socket): score 5 vs 3" in r.explain()
+def test_pcie_path_under_nvlink_breaks_a_tie_when_nothing_else_does():
+    """Three NV1 GPUs: 0-1 also share a PCIe switch (go-gpuallocator scores that pair 150, the others 130)."""
+    from rayaccel.topology import Device, NodeTopology, make_link
+
+    t = NodeTopology(tuple(Device(i, numa_node=0) for i in range(3)),
+                     (make_link(0, 1, "nvlink", 1, "PHB"), make_link(0, 2, "nvlink", 1, "PHB"),
+                      make_link(1, 2, "nvlink", 1, "PIX")), name="three-nv1").validate()
+    a = plan(t, gpus=2)
+    assert set(a.devices) == {1, 2} and a.decided_by == "criterion 5", a.explain()
+    assert ("criterion 5 (PCIe path under the links: same switch > same root complex > same socket): score 5 vs 3"
+            in a.explain())
+
+
+def test_fragmentation_comes_before_the_pcie_paths():
+    """DGX-1 (catalog), 2 busy: 6-7 shares a PCIe switch, but 0-3 keeps the 4-7 NVLink quad whole."""
+    a = plan(catalog.load("dgx1-v100"), gpus=2, busy={2})
+    assert set(a.devices) == {0, 3} and a.decided_by == "criterion 4", a.explain()
 
 
 # ----------------------------------------------------------------------- CLI

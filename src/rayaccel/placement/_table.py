@@ -4,9 +4,10 @@ Per topology (built once, ~0.1 s for 16 devices, kept in the topology index):
 
 * ``key[m]`` for every device subset ``m`` (a bitmask over positions): criteria
   1-3 packed in one int -- weakest-link level, total pair bandwidth
-  (milli-GB/s), the PCIe-path score under the links (criterion 2b: summed
-  :data:`~._index.PCIE_PATH_SCORE`), number of NUMA nodes -- so that a larger
-  int is a better set. Each entry is computed in O(1) from ``m`` without its
+  (milli-GB/s), number of NUMA nodes -- and, lowest, the PCIe-path score under
+  the links (criterion 5, summed :data:`~._index.PCIE_PATH_SCORE`), so that a
+  larger int is a better set. Tied sets are those equal above the PCIe field
+  (criterion 4 decides among them before the PCIe paths do). Each entry is computed in O(1) from ``m`` without its
   lowest device, using per-device row minima / row sums over 8-bit halves of
   the mask.
 * ``direct[m]``: every pair of ``m`` directly linked (NVLink/xGMI/NeuronLink).
@@ -41,12 +42,12 @@ from ._index import TopoIndex
 
 #: Nodes of up to this many devices get the tables (2**n entries).
 TABLE_UP_TO = 16
-# key layout (low to high): 31 - NUMA nodes (5 bits), PCIe-path score (10 bits: at most
-# 120 pairs x 5), total milli-GB/s (30 bits), weakest-link level.
-_PCIE_SHIFT = 5
+# key layout (low to high): PCIe-path score (10 bits: at most 120 pairs x 5), 31 - NUMA nodes
+# (5 bits), total milli-GB/s (30 bits), weakest-link level.
+_NUMA_SHIFT = 10
 _BW_SHIFT = 15
 _LVL_SHIFT = 45
-_PCIE_MASK = (1 << (_BW_SHIFT - _PCIE_SHIFT)) - 1
+_PCIE_MASK = (1 << _NUMA_SHIFT) - 1
 _BW_MASK = (1 << (_LVL_SHIFT - _BW_SHIFT)) - 1
 _RUNNER_SCAN = 512
 
@@ -79,7 +80,7 @@ class Table:
                     r = h ^ low
                     if j < n:
                         mins[h] = min(mins[r], lv[p][j])
-                        sums[h] = sums[r] + (bw[p][j] << _BW_SHIFT) + (pc[p][j] << _PCIE_SHIFT)
+                        sums[h] = sums[r] + (bw[p][j] << _BW_SHIFT) + pc[p][j]
                     else:
                         mins[h], sums[h] = mins[r], sums[r]
                 per.append((mins, sums))
@@ -113,7 +114,7 @@ class Table:
                 l, t = top, 0
                 nb[m] = g = 1 << nid[p]
                 direct[m] = 1
-            key[m] = (l << _LVL_SHIFT) | t | (31 - g.bit_count())
+            key[m] = (l << _LVL_SHIFT) | t | ((31 - g.bit_count()) << _NUMA_SHIFT)
         self.key = key
         self.direct = direct
         self._sorted: dict[int, tuple[list[int], list[int]]] = {}
@@ -122,7 +123,7 @@ class Table:
         self.group_bits: dict = {}  # (usable mask, rest mask) -> criterion-4 group bits
 
     def sorted_sets(self, k: int) -> tuple[list[int], list[int]]:
-        """(all k-subsets best first, index where each one's tie group ends)."""
+        """(all k-subsets best first, index where each one's tie group ends: equal keys above the PCIe field)."""
         got = self._sorted.get(k)
         if got is None:
             n, key = self.n, self.key
@@ -132,17 +133,17 @@ class Table:
             ends = [0] * len(masks)
             end = len(masks)
             for i in range(len(masks) - 1, -1, -1):
-                if i + 1 < len(masks) and key[masks[i]] != key[masks[i + 1]]:
+                if i + 1 < len(masks) and key[masks[i]] >> _NUMA_SHIFT != key[masks[i + 1]] >> _NUMA_SHIFT:
                     end = i + 1
                 ends[i] = end
             got = self._sorted[k] = (masks, ends)
         return got
 
     def decode(self, m: int, nic: bool) -> tuple:
-        """The SearchResult key tuple of set ``m``: (level, milli-GB/s, PCIe-path score, -NUMA nodes, near NICs)."""
+        """The SearchResult key tuple of set ``m``: (level, milli-GB/s, -NUMA nodes, near NICs, PCIe-path score)."""
         k = self.key[m]
-        return (k >> _LVL_SHIFT, (k >> _BW_SHIFT) & _BW_MASK, (k >> _PCIE_SHIFT) & _PCIE_MASK, (k & 31) - 31,
-                (m & self.nic_mask).bit_count() if nic else 0)
+        return (k >> _LVL_SHIFT, (k >> _BW_SHIFT) & _BW_MASK, ((k >> _NUMA_SHIFT) & 31) - 31,
+                (m & self.nic_mask).bit_count() if nic else 0, k & _PCIE_MASK)
 
     def groups(self, usable: int) -> list[tuple[int, bytes]]:
         """Criterion 4's s-groups: ``[(s, bitset)]``, bit ``R`` of ``bitset`` set when mask ``R`` holds an s-group.
@@ -162,7 +163,7 @@ class Table:
         subs = list(_submasks(usable))
         for m in subs:
             k = key[m]
-            v = ((k >> _LVL_SHIFT) << 5) | (k & 31)
+            v = ((k >> _LVL_SHIFT) << 5) | ((k >> _NUMA_SHIFT) & 31)
             c = m.bit_count()
             total[c] += 1
             if v > best[c]:
@@ -174,7 +175,7 @@ class Table:
             c = m.bit_count()
             if 2 <= c < n:
                 k = key[m]
-                if ((k >> _LVL_SHIFT) << 5) | (k & 31) == best[c]:
+                if ((k >> _LVL_SHIFT) << 5) | ((k >> _NUMA_SHIFT) & 31) == best[c]:
                     arrays[c][m >> 3] |= 1 << (m & 7)
                     count[c] += 1
         out = []
@@ -232,7 +233,7 @@ def _ok(tb: Table, m: int, nvlink: bool, nic: bool, same_numa: bool, req: int = 
         return False
     if nvlink and not tb.direct[m]:
         return False
-    if same_numa and (tb.key[m] & 31) != 30:
+    if same_numa and ((tb.key[m] >> _NUMA_SHIFT) & 31) != 30:
         return False
     return not nic or bool(m & tb.nic_mask)
 
@@ -331,20 +332,21 @@ def _enumerate(tb: Table, free: int, k: int, nvlink: bool, nic: bool, same_numa:
         if constrained and not _ok(tb, m, nvlink, nic, same_numa):
             continue
         s = key[m]
-        if nic:
-            s = (s << 5) | (m & nic_mask).bit_count()
+        # compare on (criteria 1-3, NICs), the PCIe field below them
+        s = ((((s >> _NUMA_SHIFT) << 5) | ((m & nic_mask).bit_count() if nic else 0)) << _NUMA_SHIFT) | (s & _PCIE_MASK)
         scored.append((s, m))
     if not scored:
         return None
     if coarse:
-        shift = _BW_SHIFT + (5 if nic else 0)
+        shift = _BW_SHIFT + 5
         scored.sort(key=lambda x: (x[0], -x[1]), reverse=True)
         top = scored[0][0] >> shift
         ties = [m for s, m in scored if s >> shift == top][:cap]
         return SearchResult(tb.decode(ties[0], nic), ties)
-    top = max(s for s, _ in scored)
-    ties = [m for s, m in scored if s == top][:cap]
-    rest = sorted((x for x in scored if x[0] != top), key=lambda x: x[0], reverse=True)[:3]
+    top = max(s >> _NUMA_SHIFT for s, _ in scored)
+    scored.sort(key=lambda x: (x[0], -x[1]), reverse=True)
+    ties = [m for s, m in scored if s >> _NUMA_SHIFT == top][:cap]
+    rest = [x for x in scored if x[0] >> _NUMA_SHIFT != top][:3]
     res = SearchResult(tb.decode(ties[0], nic), ties, [(tb.decode(m, nic), m) for _, m in rest])
     res.expansions = len(scored)
     return res

@@ -29,7 +29,7 @@ bring 1 GiB from each near device to the nearest chosen device
 from __future__ import annotations
 
 from ._index import TopoIndex
-from ._table import Table, group_bits, pack_quality
+from ._table import _NUMA_SHIFT, Table, _ok, group_bits, pack_quality
 
 #: Bytes assumed on each ``near`` device when modeling the locality cost.
 NEAR_BYTES = 1 << 30
@@ -44,7 +44,7 @@ def canonical(ix: TopoIndex, rest: int) -> int:
     if got is None:
         from .search import twin_classes
 
-        cls = twin_classes(ix, False)
+        cls = twin_classes(ix, False, pcie=False)  # criterion 4 does not look at the PCIe paths
         mig = {d.index for d in ix.topology.devices if d.mig_mode}
         members: dict[tuple, list[int]] = {}
         for p, c in enumerate(cls):
@@ -125,3 +125,134 @@ def near_classes(ix: TopoIndex, with_nic: bool, near: list[int]) -> list[int]:
     for i, p in enumerate(near):
         cls[p] = top + 1 + i
     return cls
+
+
+def takes_straggler(state, chosen: int) -> int:
+    """1 when the single device ``chosen`` (a position mask) has no free partner forming a best pair, else 0.
+
+    A best pair: an s-group of size 2 (:meth:`~._table.Table.groups`: the node's best
+    weakest link for a pair, on one NUMA node). Nodes above the table size: 0.
+    """
+    from ._index import index_of
+    from ._table import table_of
+    from .node import _plain_mask
+
+    ix = index_of(state.topology)
+    tb = table_of(ix)
+    if tb is None:
+        return 0
+    usable = _plain_mask(ix)
+    others = usable & ~state.key[1] & ~chosen
+    if not others:
+        return 1
+    for s, bits in tb.groups(usable):
+        if s == 2:
+            while others:
+                low = others & -others
+                m = chosen | low
+                if bits[m >> 3] >> (m & 7) & 1:
+                    return 0
+                others ^= low
+            return 1
+    return 0  # every pair of the node is a best pair
+
+
+#: Above this many tied sets, criterion 4 runs on one set per symmetry class (see :func:`tie_classes`).
+SCAN_CAP = 64
+#: At most this many symmetry classes of tied sets are enumerated.
+CLASS_CAP = 4096
+
+
+def tie_classes(ix: TopoIndex, tb: Table, free: int, k: int, req: int, nvlink: bool, nic: bool, same_numa: bool,
+                top: int) -> list[tuple[int, tuple]] | None:
+    """One representative per symmetry class of the sets tied on criteria 1-3, or None when there are too many.
+
+    Devices with identical level and bandwidth rows (twins, PCIe paths aside) on the
+    same NUMA node are interchangeable for criteria 1-4, so a tied set is known up to
+    symmetry by how many devices it takes from each twin class (its *signature*).
+    This enumerates the signatures that sum to ``k`` and keeps those whose canonical
+    set (the lowest free positions of each class) is tied with ``top`` (the coarse key:
+    criteria 1-3) and meets the constraints; required devices are classes of their own.
+    Returns ``[(representative mask, ((class mask, count), ...))]``.
+    """
+    from .search import twin_classes
+
+    cls = list(twin_classes(ix, nic, pcie=False))
+    top_id = max(cls, default=-1)
+    for i, p in enumerate(q for q in range(ix.n) if req >> q & 1):
+        cls[p] = top_id + 1 + i
+    members: dict[int, list[int]] = {}
+    for p in range(ix.n):
+        if free >> p & 1:
+            members.setdefault(cls[p], []).append(p)
+    groups = list(members.values())
+    bound = 1
+    for g in groups:
+        bound *= len(g) + 1
+        if bound > CLASS_CAP:
+            return None
+    prefixes = []
+    for g in groups:
+        pre = [0]
+        for p in g:
+            pre.append(pre[-1] | (1 << p))
+        prefixes.append((pre[-1], pre))
+    out: list[tuple[int, tuple]] = []
+    key = tb.key
+    nic_mask = tb.nic_mask
+    best_nic = -1
+
+    def rec(j: int, left: int, m: int, counts: tuple) -> bool:
+        nonlocal best_nic, out
+        if left == 0:
+            if key[m] >> _NUMA_SHIFT != top or not _ok(tb, m, nvlink, nic, same_numa, req):
+                return True
+            if nic:
+                c = (m & nic_mask).bit_count()
+                if c < best_nic:
+                    return True
+                if c > best_nic:
+                    best_nic, out = c, []
+            out.append((m, counts))
+            return len(out) <= CLASS_CAP
+        if j == len(groups):
+            return True
+        cm, pre = prefixes[j]
+        for c in range(min(left, len(pre) - 1), -1, -1):
+            if not rec(j + 1, left - c, m | pre[c], counts + ((cm, c),) if c else counts):
+                return False
+        return True
+
+    if not rec(0, k, 0, ()):
+        return None
+    return out
+
+
+def best_member(tb: Table, free: int, k: int, req: int, nvlink: bool, nic: bool, same_numa: bool, start: int,
+                signature: tuple) -> int:
+    """The first set in key order (best PCIe paths, then lowest positions) with ``signature``, from ``start``.
+
+    ``signature``: ``((class mask, count), ...)`` as from :func:`tie_classes`; classes not
+    named are taken 0 times.
+    """
+    masks, ends = tb.sorted_sets(k)
+    outside = tb.full & ~free
+    named = 0
+    for cm, _ in signature:
+        named |= cm
+    for m in masks[start:ends[start]]:
+        if m & outside or m & ~named:
+            continue
+        if all((m & cm).bit_count() == c for cm, c in signature) and _ok(tb, m, nvlink, nic, same_numa, req):
+            return m
+    raise AssertionError("a signature from tie_classes has no member")  # pragma: no cover
+
+
+_REV8 = bytes(int(f"{i:08b}"[::-1], 2) for i in range(256))
+
+
+def lex_key(ix: TopoIndex, m: int):
+    """A key whose maximum is the set with the lowest positions (lexicographically), cheap on <= 16 devices."""
+    if ix.n <= 16:
+        return (_REV8[m & 255] << 8) | _REV8[(m >> 8) & 255]
+    return tuple(-p for p in range(ix.n) if m >> p & 1)

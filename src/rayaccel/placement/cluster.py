@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from ..errors import RequestError
+from ._tiebreak import takes_straggler
 from .node import Decision, allocate, decide, materialize
 from .request import Request, make_request
 from .result import Allocation, GangAllocation, Rejection
@@ -142,15 +143,20 @@ def node_rank(state: NodeState, alloc: Allocation | Decision, local: bool = Fals
     3. packing: a node already partly used beats a fully free one (keep whole
        nodes for large jobs), then the node left with the fewest free devices
        (best fit);
-    4. criteria 1-3 of the set (weakest link, total bandwidth, PCIe paths, NUMA,
-       NIC), so among equally packed nodes the better-wired type wins.
+    4. criteria 1-3 of the set (weakest link, total bandwidth, NUMA, NIC, then the
+       PCIe paths), so among equally packed nodes the better-wired type wins.
 
-    Single-device requests (no interconnect to protect): the node holding the
-    data first, then a partly used node beats a fully free one, then criteria
-    1-3, then the earlier node (first fit in the given order). First fit rather
-    than best fit: consolidating small jobs on a stable prefix of the nodes
-    leaves the other nodes whole, and in the churn benchmark it strands fewer
-    free devices than best fit does.
+    Single-device requests: the node holding the data first, then a partly
+    used node beats a fully free one, then a node where the device taken is a
+    *straggler* -- no free partner it would form a best pair with (its type's
+    best weakest link on one NUMA node; :func:`~._tiebreak.takes_straggler`) --
+    so that a 1-GPU job uses up a device no 2-GPU job could use well before it
+    breaks a good pair anywhere in the cluster; then criteria 1-3, then the
+    earlier node (first fit in the given order). First fit rather than best fit:
+    consolidating small jobs on a stable prefix of the nodes leaves the other
+    nodes whole, and in the churn benchmark it strands fewer free devices than
+    best fit does. (Straggler first: lower fragmentation, of nodes and of free
+    groups, on every churn seed; see benchmarks/placement_churn.py.)
 
     ``alloc`` may be a :class:`~.node.Decision` (the same ranking, computed before
     the allocation is materialized).
@@ -167,7 +173,14 @@ def node_rank(state: NodeState, alloc: Allocation | Decision, local: bool = Fals
             return (sc.key() if sc is not None else (), -(n - taken - k))
         weakest, key = sc.weakest_rank, sc.key()
     if k == 1:
-        return (1 if local else 0, 1 if taken else 0, key)
+        if isinstance(alloc, Decision):
+            chosen = alloc.chosen
+        else:
+            from ._index import index_of
+
+            chosen = index_of(state.topology).mask_of(alloc.devices)
+        stray = takes_straggler(state, chosen) if taken else 0
+        return (1 if local else 0, 1 if taken else 0, stray, key)
     best = _idle_best(state, alloc.request)
     reaches = 1 if best is None or weakest == best else 0
     return (reaches, 1 if local else 0, 1 if taken else 0, -(n - taken - k), key)
@@ -178,21 +191,20 @@ _KEY_BITS = 120  # _key_int uses 7 + 31 + 45 + 14 + 9 + 8 = 114 bits
 
 def _key_int(key: tuple) -> int:
     """``Score.key()`` as one int with the same order (within one request)."""
-    rank, total, pcie, neg_numa, nic = key
-    return ((((((min(rank[0], 127) << 31) | round(rank[1] * 1000)) << 45 | round(total * 1000)) << 14 | pcie) << 9
-             | (256 + max(neg_numa, -256))) << 8) | min(nic, 255)
+    rank, total, neg_numa, nic, pcie = key
+    return ((((((min(rank[0], 127) << 31) | round(rank[1] * 1000)) << 45 | round(total * 1000)) << 9
+             | (256 + max(neg_numa, -256))) << 8 | min(nic, 255)) << 14) | pcie
 
 
 def _rank_int(rank: tuple) -> int:
-    """:func:`node_rank` as one int with the same order (within one request)."""
-    if len(rank) == 2:  # MIG / shared: (key or (), -(free left))
-        key, fit = rank
-        return ((_key_int(key) if key else 0) << 17) | (65536 + max(fit, -65536))
-    if len(rank) == 3:  # one device: (local, partly used, key)
-        local, partly, key = rank
-        return (((local << 1) | partly) << _KEY_BITS) | _key_int(key)
-    reaches, local, partly, fit, key = rank
-    return (((((reaches << 1) | local) << 1 | partly) << 17 | (65536 + max(fit, -65536))) << _KEY_BITS) | _key_int(key)
+    """:func:`node_rank` as one int with the same order (within one request of one kind)."""
+    out = 0
+    for x in rank:
+        if isinstance(x, tuple):
+            out = (out << _KEY_BITS) | (_key_int(x) if x else 0)
+        else:  # small ints: flags and -(devices left), |x| < 2**17
+            out = (out << 18) | (x + (1 << 17))
+    return out
 
 
 def _evaluate(st: NodeState, req: Request, local: bool = False) -> tuple:

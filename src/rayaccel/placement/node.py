@@ -4,18 +4,18 @@ Criteria (DESIGN.md "What the best set means"), in order:
 
 1. the weakest link among chosen pairs is as strong as possible;
 2. then the total pair bandwidth is as large as possible;
-   2b. then the PCIe paths under the links are as close as possible (summed
-   per pair: same switch PIX > PXB > same root complex PHB > same socket NODE >
-   SYS; NVLink pairs that also share a PCIe switch win, as go-gpuallocator's
-   link weights have it);
-3. then the fewest NUMA nodes (and, with ``nic=True``, the most devices near an
-   RDMA NIC);
 * ``near`` (when asked): the lowest modeled cost of bringing the data on the
   near devices to the set (:mod:`._tiebreak`);
+3. then the fewest NUMA nodes (and, with ``nic=True``, the most devices near an
+   RDMA NIC);
 4. then the least fragmentation, over every set tied so far (nodes of up to 16
    devices): keep the largest well-connected free groups whole, then pack what
    is left best at the request's size (:mod:`._tiebreak`);
-5. then the lowest device indices.
+5. then the PCIe paths under the links are as close as possible (summed per
+   pair: same switch PIX > PXB > same root complex PHB > same socket NODE >
+   SYS): among NVLink pairs that tie on everything else, the one that also
+   shares a PCIe switch wins, as go-gpuallocator's link weights have it;
+6. then the lowest device indices.
 
 ``required`` devices are a hard constraint: every candidate set holds them.
 Criteria 1-3 come from the exact search of :mod:`.search` (bitmask tables up to
@@ -30,7 +30,8 @@ from ..errors import RequestError
 from ..units import format_bytes
 from ._index import TopoIndex, index_of
 from ._table import pack_quality, table_of
-from ._tiebreak import fragmentation, near_classes, near_cost
+from ._table import _NUMA_SHIFT
+from ._tiebreak import SCAN_CAP, best_member, fragmentation, lex_key, near_classes, near_cost, tie_classes
 from .model import ring, ring_bottleneck_mgbps
 from .request import Request
 from .result import Allocation, Rejection, Score
@@ -199,27 +200,45 @@ def score_of(ix: TopoIndex, mask: int, result: SearchResult | None = None, with_
     """The :class:`Score` of the set ``mask`` (positions); ``allreduce=False`` skips the ring model (None)."""
     ps = [i for i in range(ix.n) if mask >> i & 1]
     weak = None
-    total = pcie = 0
-    for a_i, a in enumerate(ps):
-        for b in ps[a_i + 1:]:
-            total += ix.bw[a][b]
-            pcie += ix.pcie[a][b]
-            key = (ix.level[a][b], ix.bw[a][b])
-            if weak is None or key < weak[0]:
-                weak = (key, a, b)
+    tb = table_of(ix)
+    if tb is not None:  # sums from the table; the weakest pair is the first one at the weakest level
+        lvl, total, neg_numa, _, pcie = tb.decode(mask, False)
+        if len(ps) > 1:
+            weak = _first_pair_at(ix.level, ps, lvl)
+        numa_nodes = -neg_numa
+    else:
+        total = pcie = 0
+        numa_nodes = len({ix.numa[p] for p in ps})
+        for a_i, a in enumerate(ps):
+            for b in ps[a_i + 1:]:
+                total += ix.bw[a][b]
+                pcie += ix.pcie[a][b]
+                key = (ix.level[a][b], ix.bw[a][b])
+                if weak is None or key < weak[0]:
+                    weak = (key, a, b)
     ar = ring_bottleneck_mgbps(ix, ring(ix, ps)) / 1000.0 if allreduce else None
     return Score(
         weakest=None if weak is None else ix.label(weak[1], weak[2]),
         weakest_rank=None if weak is None else ix.levels[weak[0][0]],
         total_bandwidth_gbps=total / 1000.0,
         pcie_score=pcie,
-        numa_nodes=len({ix.numa[p] for p in ps}),
+        numa_nodes=numa_nodes,
         nic_near=sum(ix.nic_near[p] for p in ps) if with_nic else 0,
         free_quality=quality,
         allreduce_bandwidth_gbps=ar,
         optimal=True if result is None else result.optimal,
         bound_gbps=None if result is None or result.bound_mgbps is None else result.bound_mgbps / 1000.0,
     )
+
+
+def _first_pair_at(L, ps: list[int], lvl: int) -> tuple:
+    """((lvl,), a, b): the first pair of ``ps`` at level ``lvl`` (one level is one link rank, so any will do)."""
+    for i, a in enumerate(ps):
+        row = L[a]
+        for b in ps[i + 1:]:
+            if row[b] == lvl:
+                return ((lvl,), a, b)
+    raise AssertionError("no pair at the weakest level")  # pragma: no cover
 
 
 def free_quality(ix: TopoIndex, rest: int, k: int) -> tuple:
@@ -269,7 +288,7 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
     near = [ix.pos[d] for d in request.near]
     exact = ix.n <= EXACT_UP_TO
     if exact:
-        cap = None
+        cap = SCAN_CAP
         classes = None
     else:
         cap = NEAR_TIE_CAP if near else (max(TIE_CAP, ix.n) if k == 1 else TIE_CAP)
@@ -284,6 +303,19 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
     losers: list[tuple[int, tuple | None]] = []
     decided = None
     n_tied = len(cands)
+    sigs = None  # representative -> signature, when the tied sets are many (one per symmetry class)
+    tb = table_of(ix) if exact else None
+    if tb is not None and n_tied >= SCAN_CAP and not near:
+        top = tb.key[cands[0]] >> _NUMA_SHIFT
+        reps = tie_classes(ix, tb, mask, k, req, nvlink, request.nic, request.same_numa, top)
+        if reps is not None:
+            sigs = dict(reps)
+            cands = list(sigs)
+        else:  # little symmetry: every tied set
+            res = best_sets(ix, mask, k, nvlink=nvlink, nic=request.nic, same_numa=request.same_numa, tie_cap=None,
+                            required=req)
+            cands = res.sets
+            n_tied = len(cands)
     if near:
         cands, line, dropped = _near_choice(ix, mask, k, request, req, res, near)
         if line is not None:
@@ -291,25 +323,43 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
             why.append(line)
             losers += [(m, None) for m in dropped]
             n_tied = len(cands)
-    tb = table_of(ix) if exact else None
+    qual: dict = {}
+    left = cands
     if len(cands) > 1 and tb is not None:
         pool = free_mask(ix, state) if state.busy_partitions else ((1 << ix.n) - 1) & ~state.key[1]
         left, qual, part = fragmentation(ix, tb, _plain_mask(ix), pool, cands, k)
-        chosen = min(left, key=ix.devices_of)
-        quality = qual[chosen]
-        losers = [(m, qual[m]) for m in cands if m != chosen] + losers
         if part is not None and decided is None:
             decided = "criterion 4"
-            why.append("decided by: " + _why_fragmentation(ix, tb, part, chosen, cands, qual, k)
-                       + f" ({len(cands)} sets tie on criteria 1-3)")
-    else:
-        chosen = min(cands, key=ix.devices_of)
-        losers = [(m, None) for m in cands if m != chosen] + losers
+            ties = f"{len(cands)}" if sigs is None else f"{n_tied}+ (in {len(cands)} symmetry classes)"
+            why.append("decided by: " + _why_fragmentation(ix, tb, part, left[0], cands, qual, k)
+                       + f" ({ties} sets tie on criteria 1-3)")
+    if sigs is not None:  # each class's member with the best PCIe paths (then lowest positions)
+        start = res.expansions - 1
+        flags = (request.interconnect == "nvlink", request.nic, request.same_numa)
+        best_of = {m: best_member(tb, mask, k, req, *flags, start, sigs[m]) for m in left}
+        qual = {best_of.get(m, m): q for m, q in qual.items()}
+        left = [best_of[m] for m in left]
+        cands = [best_of.get(m, m) for m in cands]
+    if len(left) > 1:
+        pc = {m: _pcie_of(ix, m) for m in left}
+        top = max(pc.values())
+        best_pc = [m for m in left if pc[m] == top]
+        if len(best_pc) < len(left) and decided is None:
+            decided = "criterion 5"
+            other = max((m for m in left if pc[m] != top), key=lambda m: (pc[m], lex_key(ix, m)))
+            why.append(f"decided by: {_CRITERIA[4]}: score {top} vs {pc[other]} for {list(ix.devices_of(other))} "
+                       f"({len(left)} sets tie on criteria 1-{4 if tb is not None else 3})")
+        left = best_pc
+    chosen = max(left, key=lambda m: lex_key(ix, m))
+    quality = qual.get(chosen)
+    losers = [(m, qual.get(m)) for m in cands[:8] if m != chosen] + losers
     if decided is None:
         if n_tied > 1:
             decided = "tie: lowest indices"
             extra = "" if exact else f"; criterion 4 is computed up to {EXACT_UP_TO} devices"
-            cap_note = "+" if cap is not None and n_tied >= cap else ""
+            cap_note = "+" if n_tied >= cap else ""
+            if sigs is not None:
+                extra += f"; {len(sigs)} symmetry classes"
             why.append(f"decided by: tie: lowest indices ({n_tied}{cap_note} sets equal on every criterion{extra})")
         elif res.runners:
             decided, line = _why_criteria(ix, chosen, res.key, res.runners[0], request.nic)
@@ -322,7 +372,7 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
 
 
 #: Sets tied on criteria 1-2 that ``near`` compares (table nodes; in key order).
-NEAR_SCAN = 4096
+NEAR_SCAN = 1024
 
 
 def _near_choice(ix: TopoIndex, mask: int, k: int, request: Request, req: int, res: SearchResult, near: list[int]):
@@ -339,7 +389,15 @@ def _near_choice(ix: TopoIndex, mask: int, k: int, request: Request, req: int, r
     if tb is not None:
         from ._table import best as table_best
 
-        group = table_best(tb, mask, k, cap=NEAR_SCAN, req=req, coarse=True, **flags).sets
+        group = None
+        free_near = sum(1 << d for d in near if mask >> d & 1)
+        if free_near and (req | free_near).bit_count() <= k and len(near) == free_near.bit_count():
+            # every near device free: the sets that hold them all cost 0 -- if they tie on criteria 1-2
+            r = table_best(tb, mask, k, cap=NEAR_SCAN, req=req | free_near, coarse=True, **flags)
+            if r is not None and r.key[:2] == res.key[:2]:
+                group = r.sets + [m for m in res.sets if m & free_near != free_near][:1]
+        if group is None:
+            group = table_best(tb, mask, k, cap=NEAR_SCAN, req=req, coarse=True, **flags).sets
     else:
         group = list(res.sets)
         for d in near[:4]:
@@ -351,7 +409,7 @@ def _near_choice(ix: TopoIndex, mask: int, k: int, request: Request, req: int, r
     costs = {m: near_cost(ix, near, m) for m in group}
     low = min(costs.values())
     cheap = [m for m in group if costs[m] == low]
-    keys = {m: _key_of(ix, m, request.nic)[1] for m in cheap}
+    keys = {m: _key_of(ix, m, request.nic)[1][:4] for m in cheap}  # criteria 1-3; the PCIe paths come after 4
     top = max(keys.values())
     left = [m for m in cheap if keys[m] == top]
     if len(cheap) == len(group):  # near told no set apart
@@ -363,9 +421,17 @@ def _near_choice(ix: TopoIndex, mask: int, k: int, request: Request, req: int, r
     return left, line, [m for m in group if m not in left][:5]
 
 
-_CRITERIA = ("criterion 1 (weakest link)", "criterion 2 (total pair bandwidth)",
-             "criterion 2b (PCIe path under the links: same switch > same root complex > same socket)",
-             "criterion 3 (NUMA nodes)", "criterion 3 (devices near an RDMA NIC)")
+_CRITERIA = ("criterion 1 (weakest link)", "criterion 2 (total pair bandwidth)", "criterion 3 (NUMA nodes)",
+             "criterion 3 (devices near an RDMA NIC)",
+             "criterion 5 (PCIe path under the links: same switch > same root complex > same socket)")
+
+
+def _pcie_of(ix: TopoIndex, mask: int) -> int:
+    tb = table_of(ix)
+    if tb is not None:
+        return tb.decode(mask, False)[4]
+    ps = [p for p in range(ix.n) if mask >> p & 1]
+    return sum(ix.pcie[a][b] for i, a in enumerate(ps) for b in ps[i + 1:])
 
 
 def _why_criteria(ix: TopoIndex, chosen: int, key: tuple, runner: tuple, nic: bool) -> tuple[str, str]:
@@ -380,10 +446,10 @@ def _why_criteria(ix: TopoIndex, chosen: int, key: tuple, runner: tuple, nic: bo
         if i == 1:
             return "criterion 2", f"{_CRITERIA[1]}: {a / 1000:g} vs {b / 1000:g} GB/s for runner-up {devs}"
         if i == 2:
-            return "criterion 2b", f"{_CRITERIA[2]}: score {a} vs {b} for runner-up {devs}"
+            return "criterion 3", f"{_CRITERIA[2]}: {-a} vs {-b} for runner-up {devs}"
         if i == 3:
-            return "criterion 3", f"{_CRITERIA[3]}: {-a} vs {-b} for runner-up {devs}"
-        return "criterion 3", f"{_CRITERIA[4]}: {a} vs {b} for runner-up {devs}"
+            return "criterion 3", f"{_CRITERIA[3]}: {a} vs {b} for runner-up {devs}"
+        return "criterion 5", f"{_CRITERIA[4]}: score {a} vs {b} for runner-up {devs}"
     return "tie: lowest indices", "tie: lowest indices"
 
 
@@ -398,7 +464,7 @@ def _weakest_label(ix: TopoIndex, mask: int) -> str:
 def _why_fragmentation(ix: TopoIndex, tb, part: str, chosen: int, cands: list[int], qual: dict, k: int) -> str:
     mine = qual[chosen]
     if part == "4a":
-        other = max((m for m in cands if qual[m][0] != mine[0]), key=lambda m: (qual[m][0], [-p for p in ix.devices_of(m)]))
+        other = max((m for m in cands if qual[m][0] != mine[0]), key=lambda m: (qual[m][0], lex_key(ix, m)))
         diff = mine[0] & ~qual[other][0]
         s = diff.bit_length() - 1
         return (f"criterion 4 (fragmentation): leaves a free {s}-device group as good as an idle node's best "
@@ -411,9 +477,9 @@ def _key_of(ix: TopoIndex, mask: int, with_nic: bool) -> tuple[tuple | None, tup
     """(weakest-link rank or None, ``Score.key()``) of the set ``mask``, without building a Score."""
     tb = table_of(ix)
     if tb is not None:
-        lvl, mgbps, pcie, neg_numa, near = tb.decode(mask, with_nic)
+        lvl, mgbps, neg_numa, near, pcie = tb.decode(mask, with_nic)
         weakest = ix.levels[lvl] if mask & (mask - 1) else None
-        return weakest, (weakest if weakest is not None else (99, 0.0), round(mgbps / 1000.0, 3), pcie, neg_numa, near)
+        return weakest, (weakest if weakest is not None else (99, 0.0), round(mgbps / 1000.0, 3), neg_numa, near, pcie)
     sc = score_of(ix, mask, None, with_nic, allreduce=False)
     return sc.weakest_rank, sc.key()
 
@@ -427,7 +493,8 @@ def materialize(d: Decision) -> Allocation:
     score = score_of(ix, chosen, res, request.nic, d.quality)
     order = [ix.indices[p] for p in ring(ix, [i for i in range(ix.n) if chosen >> i & 1])]
     runners = [(tuple(ix.devices_of(m)), score_of(ix, m, res, request.nic, q, allreduce=False)) for m, q in d.losers[:3]]
-    runners += [(tuple(ix.devices_of(m)), score_of(ix, m, None, request.nic, allreduce=False)) for _, m in res.runners[:3]]
+    runners += [(tuple(ix.devices_of(m)), score_of(ix, m, None, request.nic, allreduce=False))
+                for _, m in res.runners[:3 - len(runners)]]
     devs = {dv.index: dv for dv in state.topology.devices}
     d.alloc = Allocation(
         devices=tuple(order),
@@ -435,7 +502,7 @@ def materialize(d: Decision) -> Allocation:
         score=score,
         memory_bytes={i: devs[i].memory_bytes for i in order},
         node=state.node_id,
-        runners_up=tuple(runners[:5]),
+        runners_up=tuple(runners),
         why=d.why,
         decided_by=d.decided_by,
     )

@@ -19,7 +19,7 @@ class Score:
         weakest_rank: :attr:`Link.rank` of that pair, None for one device.
         total_bandwidth_gbps: sum of modeled per-direction bandwidth over all pairs.
         numa_nodes: distinct NUMA nodes spanned.
-        pcie_score: criterion 2b, the PCIe paths under the links summed over pairs
+        pcie_score: criterion 5, the PCIe paths under the links summed over pairs
             (PIX 5, PXB 4, PHB 3, NODE 2, SYS 1, unknown 0; higher is closer).
         nic_near: devices with an RDMA NIC at PIX/PXB (counted only when the request asks for a NIC).
         free_quality: criterion 4, how well-connected what is left stays (higher is better;
@@ -42,9 +42,9 @@ class Score:
     pcie_score: int = 0
 
     def key(self) -> tuple:
-        """Sort key over criteria 1-3 (weakest link, bandwidth, PCIe paths, -NUMA, NICs; higher is better)."""
+        """Sort key: criteria 1-3 (weakest link, bandwidth, -NUMA, NICs), then the PCIe paths; higher is better."""
         rank = self.weakest_rank if self.weakest_rank is not None else (99, 0.0)
-        return (rank, round(self.total_bandwidth_gbps, 3), self.pcie_score, -self.numa_nodes, self.nic_near)
+        return (rank, round(self.total_bandwidth_gbps, 3), -self.numa_nodes, self.nic_near, self.pcie_score)
 
     def describe(self) -> str:
         """One line: weakest link, total bandwidth, NUMA nodes."""
@@ -76,7 +76,7 @@ class Allocation:
         why: sentences on how the choice was made; for whole devices the first one is
             ``"decided by: ..."``, naming the criterion that decided.
         decided_by: that criterion for whole devices: ``"criterion 1"``, ``"criterion 2"``,
-            ``"criterion 2b"``, ``"criterion 3"``, ``"near"``, ``"criterion 4"``,
+            ``"near"``, ``"criterion 3"``, ``"criterion 4"``, ``"criterion 5"`` (PCIe paths),
             ``"tie: lowest indices"`` or ``"only set"``; None for MIG / shared memory.
     """
 

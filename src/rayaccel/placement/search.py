@@ -12,9 +12,9 @@ Algorithm (per call, over the free devices of a node):
    ``r`` largest ``conn(v) + 1/2 * (r-1 largest bw(v, u), u in C)`` (each pair
    among new devices is counted half by each end, so it never under-estimates);
    the NUMA bound counts the NUMA nodes still needed to hold ``r`` more devices.
-   Required devices seed the search (the clique starts from them). Criterion 2b
-   (the PCIe paths under the links) then orders the tied sets found (up to the
-   tie cap): exact on the tables (up to 16 devices), best among those ties above.
+   Required devices seed the search (the clique starts from them). The PCIe
+   paths under the links (criterion 5, after fragmentation) order the tied sets
+   found.
 3. Symmetry: devices whose link rows are identical (twins: same level,
    bandwidth and PCIe path to every other device, same NUMA node, same NIC proximity) are
    interchangeable, so within a twin class only prefixes are explored. An
@@ -48,7 +48,10 @@ _DIRECT_CLASS = len(PCIE_CLASSES) + 1
 
 @dataclass
 class SearchResult:
-    """Best sets found. ``key`` = (min level, total milli-GB/s, PCIe-path score, -NUMA nodes, near NICs); higher is better."""
+    """Best sets found. ``key`` = (min level, total milli-GB/s, -NUMA nodes, near NICs, PCIe-path score); higher is better.
+
+    ``sets`` tie on everything but the PCIe-path score (criterion 4 comes before it), best PCIe paths first.
+    """
 
     key: tuple
     sets: list[int]  # tied masks (at most the tie cap)
@@ -62,9 +65,13 @@ class _Out(Exception):
     pass
 
 
-def twin_classes(ix: TopoIndex, with_nic: bool) -> list[int]:
-    """Class id per position: devices with identical rows (see module docstring) share an id. Cached."""
-    ck = ("twins", with_nic)
+def twin_classes(ix: TopoIndex, with_nic: bool, pcie: bool = True) -> list[int]:
+    """Class id per position: devices with identical rows (see module docstring) share an id. Cached.
+
+    ``pcie=False``: rows need only equal levels and bandwidths (the PCIe paths may differ),
+    for what does not look at the PCIe paths (criteria 1-4).
+    """
+    ck = ("twins", with_nic, pcie)
     got = ix.cache.get(ck)
     if got is not None:
         return got
@@ -80,7 +87,8 @@ def twin_classes(ix: TopoIndex, with_nic: bool) -> list[int]:
             ok = True
             for m in mem:
                 for w in range(n):
-                    if w != m and w != v and (lv[m][w] != lv[v][w] or bw[m][w] != bw[v][w] or pc[m][w] != pc[v][w]):
+                    if w != m and w != v and (lv[m][w] != lv[v][w] or bw[m][w] != bw[v][w]
+                                              or (pcie and pc[m][w] != pc[v][w])):
                         ok = False
                         break
                 if not ok:
@@ -171,7 +179,7 @@ def _search(ix: TopoIndex, free: list[int], k: int, nvlink: bool, nic: bool, cap
     if k == 1:
         top = len(ix.levels)
         pool = req or free
-        scored = sorted(((top, 0, 0, -1, int(near[v]) if nic else 0), 1 << v) for v in pool if not nic or near[v])
+        scored = sorted(((top, 0, -1, int(near[v]) if nic else 0, 0), 1 << v) for v in pool if not nic or near[v])
         if not scored:
             return None
         best = max(s[0] for s in scored)
@@ -200,12 +208,9 @@ def _search(ix: TopoIndex, free: list[int], k: int, nvlink: bool, nic: bool, cap
         s.run(alive, req)
         total += s.expansions
         if s.best is not None:
-            top = max(s.pcie[m] for m in s.ties)
-            ties = [m for m in s.ties if s.pcie[m] == top]
-            runners = [(kk, m) for kk, m in s.runners] + [(s.best, m) for m in s.ties if s.pcie[m] != top]
-            bw, neg_numa, nic_n = s.best
-            res = SearchResult((t, bw, top, neg_numa, nic_n), ties,
-                               sorted(((t, kk[0], s.pcie.get(m, 0), kk[1], kk[2]), m) for kk, m in runners)[::-1][:5],
+            ties = sorted(s.ties, key=lambda m: -s.pcie[m])  # the PCIe paths (criterion 5) order the ties
+            res = SearchResult((t, *s.best, s.pcie[ties[0]]), ties,
+                               sorted(((t, *kk, s.pcie.get(m, 0)), m) for kk, m in s.runners)[::-1][:5],
                                optimal=not s.exhausted, expansions=total)
             if s.exhausted:
                 res.bound_mgbps = s.root_bound
