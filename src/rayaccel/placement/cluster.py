@@ -21,11 +21,13 @@ order; ties go to the first node in the given order.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import replace
 from typing import Sequence
 
 from ..errors import RequestError
+from ._live import LiveRanks
 from ._tiebreak import takes_straggler
 from .node import Decision, allocate, decide, materialize
 from .request import Request, make_request
@@ -34,6 +36,8 @@ from .state import NodeState
 
 STRATEGIES = ("pack", "spread", "strict-pack")
 _RESULTS: dict = {}  # request -> ({node state key id: rank int, -1 when rejected}, {key id: decision})
+_LIVE: dict = {}  # request -> LiveRanks of the node list it was last placed on
+_LIVE_LOCK = threading.Lock()
 _IDLE: dict = {}  # (topology key, request) -> weakest-link rank of the best set on an idle node
 _NO_RANK = -1
 
@@ -41,10 +45,13 @@ _NO_RANK = -1
 def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) -> Allocation | Rejection:
     """The best node and devices for ``request`` across ``nodes`` (``Allocation.node`` is set).
 
-    Each node's answer is cached per (request, node state key), so a decision
-    costs a few list passes at C speed (state key ids, cached ranks as ints,
-    max, index) plus one fresh search per node whose state was not seen
-    before. Nodes are ranked by :func:`node_rank`.
+    Each node's answer is cached per (request, node state key), and the ranks
+    of the last node list placed for a request are kept (:mod:`._live`): a
+    call compares ``nodes`` with that list by identity (node states are
+    frozen) in one pass at C speed, re-ranks only the nodes that changed (one
+    fresh search per state not seen before), and reads the best rank and its
+    first node from per-rank heaps. Nodes are ranked by :func:`node_rank`; ties
+    go to the first node in ``nodes``.
 
     ``required``: nodes that lack one of the indices are skipped (a Rejection
     when no node has them all is a RequestError: the request names devices no
@@ -59,20 +66,66 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
             or ``required`` devices that no node has.
     """
     req = make_request(request, **fields)
-    holder = None
-    base = req
-    if req.near_node is not None:
-        base = replace(req, near=(), near_node=None)
-        for i, st in enumerate(nodes):
-            if getattr(st, "node_id", None) == req.near_node:
-                holder = i
-                break
+    base = req if req.near_node is None else replace(req, near=(), near_node=None)
     got = _RESULTS.get(base)
     if got is None:
         if len(_RESULTS) > 1000:
             _RESULTS.clear()
         got = _RESULTS[base] = ({}, {})
     ranks_of, decisions = got
+    if len(ranks_of) > 100_000:
+        ranks_of.clear()
+        decisions.clear()
+    with _LIVE_LOCK:
+        live = _LIVE.get(base)
+        changed = live.changed(nodes) if live is not None else None
+        if changed is None:
+            live = _rank_all(nodes, base, ranks_of, decisions)
+            if len(_LIVE) >= 64:
+                _LIVE.clear()
+            _LIVE[base] = live
+        else:
+            for i in changed:
+                st = nodes[i]
+                kid = _kid(st, nodes)
+                r = ranks_of.get(kid)
+                if r is None:
+                    d, r = _evaluate(st, base)
+                    ranks_of[kid] = r
+                    decisions[kid] = d
+                live.update(i, st, r)
+        top, i = live.best()
+        holder = live.position_of(req.near_node) if req.near_node is not None else None
+    if holder is not None:
+        d, r = _evaluate(nodes[holder], req, local=True)
+        if r > top or (r == top and holder < i):
+            win = materialize(d) if isinstance(d, Decision) else d
+            return win if win.node == nodes[holder].node_id else replace(win, node=nodes[holder].node_id)
+    if top == _NO_RANK:
+        kids = [_kid(st, nodes) for st in nodes]
+        for kid, st in zip(kids, nodes):
+            if kid not in decisions:
+                decisions[kid] = _evaluate(st, base)[0]
+        return _rejection(nodes, kids, decisions, base)
+    st = nodes[i]
+    win = decisions.get(_kid(st, nodes))
+    if win is None:  # the decision cache was reset since this rank was stored
+        win = _evaluate(st, base)[0]
+    if isinstance(win, Decision):
+        win = materialize(win)
+    return win if win.node == st.node_id else replace(win, node=st.node_id)
+
+
+def _kid(st, nodes) -> int:
+    try:
+        return st._kid or st.key_id()
+    except AttributeError:
+        _check_nodes(nodes)
+        raise
+
+
+def _rank_all(nodes: Sequence[NodeState], base: Request, ranks_of: dict, decisions: dict) -> LiveRanks:
+    """Rank every node (cached ranks at C speed, fresh searches for unseen states)."""
     try:
         kids = [st._kid or st.key_id() for st in nodes]
     except AttributeError:
@@ -80,9 +133,6 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
         raise
     ranks = list(map(ranks_of.get, kids))
     if None in ranks:
-        if len(ranks_of) > 100_000:
-            ranks_of.clear()
-            decisions.clear()
         i = ranks.index(None)
         while True:
             kid = kids[i]
@@ -96,19 +146,7 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
                 i = ranks.index(None, i + 1)
             except ValueError:
                 break
-    top = max(ranks) if ranks else _NO_RANK
-    if holder is not None:
-        d, r = _evaluate(nodes[holder], req, local=True)
-        if r > top or (r == top and holder < ranks.index(top)):
-            win = materialize(d) if isinstance(d, Decision) else d
-            return win if win.node == nodes[holder].node_id else replace(win, node=nodes[holder].node_id)
-    if top == _NO_RANK:
-        return _rejection(nodes, kids, decisions, base)
-    i = ranks.index(top)
-    win = decisions[kids[i]]
-    if isinstance(win, Decision):
-        win = materialize(win)
-    return win if win.node == nodes[i].node_id else replace(win, node=nodes[i].node_id)
+    return LiveRanks(nodes, ranks)
 
 
 def _rejection(nodes: Sequence[NodeState], kids: list[int], decisions: dict, req: Request) -> Rejection:
