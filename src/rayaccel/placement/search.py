@@ -208,14 +208,30 @@ def _search(ix: TopoIndex, free: list[int], k: int, nvlink: bool, nic: bool, cap
         s.run(alive, req)
         total += s.expansions
         if s.best is not None:
-            ties = sorted(s.ties, key=lambda m: -s.pcie[m])  # the PCIe paths (criterion 5) order the ties
-            res = SearchResult((t, *s.best, s.pcie[ties[0]]), ties,
-                               sorted(((t, *kk, s.pcie.get(m, 0)), m) for kk, m in s.runners)[::-1][:5],
+            ties = sorted(s.ties, key=lambda m: -_pcie_sum(ix, m))  # the PCIe paths (criterion 5) order the ties
+            runners = sorted(s.runners, reverse=True)[:5]
+            res = SearchResult((t, *s.best, _pcie_sum(ix, ties[0])), ties,
+                               [((t, *kk, _pcie_sum(ix, m)), m) for kk, m in runners],
                                optimal=not s.exhausted, expansions=total)
             if s.exhausted:
                 res.bound_mgbps = s.root_bound
             return res
     return None
+
+
+def _uniform(ix: TopoIndex):
+    """(level, milli-GB/s) when every pair of the node has that one link, else None. Cached."""
+    got = ix.cache.get("uniform", 0)
+    if got == 0:
+        vals = {(ix.level[a][b], ix.bw[a][b]) for a in range(ix.n) for b in range(a + 1, ix.n)}
+        got = ix.cache["uniform"] = vals.pop() if len(vals) == 1 else None
+    return got
+
+
+def _pcie_sum(ix: TopoIndex, mask: int) -> int:
+    ps = [p for p in range(ix.n) if mask >> p & 1]
+    P = ix.pcie
+    return sum(P[a][u] for i, a in enumerate(ps) for u in ps[i + 1:])
 
 
 def _core(ix: TopoIndex, free: list[int], k: int, t: int) -> list[int]:
@@ -238,8 +254,7 @@ def _core(ix: TopoIndex, free: list[int], k: int, t: int) -> list[int]:
 class _Clique:
     def __init__(self, ix: TopoIndex, k: int, t: int, nic: bool, cap: int, cls: list[int], budget: int | None):
         self.ix, self.k, self.t, self.nic, self.cap, self.cls, self.budget = ix, k, t, nic, cap, cls, budget
-        self.best: tuple | None = None  # (bw, -numa, nic); the PCIe-path score breaks ties afterwards
-        self.pcie: dict[int, int] = {}  # mask -> PCIe-path score, for the leaves seen
+        self.best: tuple | None = None  # (bw, -numa, nic); the PCIe-path score orders the ties afterwards
         self.ties: list[int] = []
         self.runners: list[tuple[tuple, int]] = []
         self.expansions = 0
@@ -260,17 +275,78 @@ class _Clique:
             numas[ix.numa[v]] = numas.get(ix.numa[v], 0) + 1
             nic_count += ix.nic_near[v]
         cands = [v for v in alive if not mask >> v & 1]
-        conn = {v: sum(B[v][u] for u in req) for v in cands}
-        connp = {v: sum(P[v][u] for u in req) for v in cands}
+        b0 = B[alive[0]][alive[1]] if len(alive) > 1 else 0
+        uniform = _uniform(ix) == (self.t, b0) or \
+            all(B[a][u] == b0 and ix.level[a][u] == self.t for i, a in enumerate(alive) for u in alive[i + 1:])
         try:
-            self._dfs(mask, bw, pc, numas, nic_count, cands, conn, connp, root=True)
+            if uniform:  # one NVSwitch-like domain: every k-set has the same bandwidth; only NUMA (and NICs) differ
+                self.root_bound = b0 * self.k * (self.k - 1) // 2
+                self._dfs_uniform(mask, numas, nic_count, cands, b0)
+            else:
+                conn = {v: sum(B[v][u] for u in req) for v in cands}
+                self._dfs(mask, bw, numas, nic_count, cands, conn, root=True)
         except _Out:
             self.exhausted = True
 
-    def _leaf(self, mask: int, bw: int, pc: int, numas: dict, nic_count: int) -> None:
+    def _dfs_uniform(self, mask: int, numas: dict, nic_count: int, cands: list[int], b: int) -> None:
+        """The search when every pair is alike: the bandwidth is fixed, so only the NUMA bound prunes."""
+        self.expansions += 1
+        if self.budget is not None and self.expansions > self.budget:
+            raise _Out
+        ix = self.ix
+        r = self.k - mask.bit_count()
+        if r == 0:
+            self._leaf(mask, b * self.k * (self.k - 1) // 2, numas, nic_count)
+            return
+        if len(cands) < r:
+            return
+        best = self.best
+        if best is not None:
+            numa_lb = self._numa_lb(numas, cands, r)
+            if numa_lb > -best[1]:
+                return
+            if len(self.ties) >= self.cap and numa_lb == -best[1] and (not self.nic or nic_count + r <= best[2]):
+                return
+        cls, near, numa = self.cls, ix.nic_near, ix.numa
+        skipped: set[int] = set()
+        if r == 1:  # the leaves, inline: only those that can tie or win
+            bw_total = b * self.k * (self.k - 1) // 2
+            have = len(numas)
+            for v in cands:
+                c = cls[v]
+                if c in skipped:
+                    continue
+                skipped.add(c)
+                cnt = have + (numa[v] not in numas)
+                if best is not None and (-cnt < best[1] or (-cnt == best[1] and len(self.ties) >= self.cap
+                                                            and (not self.nic or nic_count + near[v] <= best[2]))):
+                    continue
+                numas[numa[v]] = numas.get(numa[v], 0) + 1
+                self._leaf(mask | (1 << v), bw_total, numas, nic_count + near[v])
+                numas[numa[v]] -= 1
+                if not numas[numa[v]]:
+                    del numas[numa[v]]
+                best = self.best
+            return
+        nc = len(cands)
+        for idx in range(nc):
+            if nc - idx < r:
+                break
+            v = cands[idx]
+            c = cls[v]
+            if c in skipped:
+                continue
+            skipped.add(c)
+            nv = numa[v]
+            numas[nv] = numas.get(nv, 0) + 1
+            self._dfs_uniform(mask | (1 << v), numas, nic_count + near[v], cands[idx + 1:], b)
+            numas[nv] -= 1
+            if not numas[nv]:
+                del numas[nv]
+
+    def _leaf(self, mask: int, bw: int, numas: dict, nic_count: int) -> None:
         if self.nic and nic_count == 0:
             return
-        self.pcie[mask] = pc
         key = (bw, -len(numas), nic_count if self.nic else 0)
         if self.best is None or key > self.best:
             if self.best is not None:
@@ -284,15 +360,15 @@ class _Clique:
         if len(self.runners) > 20:
             self.runners = sorted(self.runners, reverse=True)[:5]
 
-    def _dfs(self, mask: int, bw: int, pc: int, numas: dict, nic_count: int, cands: list[int], conn: dict,
-             connp: dict, root=False) -> None:
+    def _dfs(self, mask: int, bw: int, numas: dict, nic_count: int, cands: list[int], conn: dict,
+             root=False) -> None:
         self.expansions += 1
         if self.budget is not None and self.expansions > self.budget:
             raise _Out
         ix = self.ix
         r = self.k - bin(mask).count("1")
         if r == 0:
-            self._leaf(mask, bw, pc, numas, nic_count)
+            self._leaf(mask, bw, numas, nic_count)
             return
         if len(cands) < r:
             return
@@ -322,7 +398,6 @@ class _Clique:
                 if full and numa_lb == -best[1] and (not self.nic or nic_count + r <= best[2]):
                     return
         lv, t, cls, near, numa = ix.level, self.t, self.cls, ix.nic_near, ix.numa
-        P = ix.pcie
         skipped: set[int] = set()
         nc = len(cands)
         for idx in range(nc):
@@ -338,12 +413,10 @@ class _Clique:
             if len(new) < r - 1:
                 continue
             row_b = B[v]
-            row_p = P[v]
             nconn = {u: conn[u] + row_b[u] for u in new}
-            nconnp = {u: connp[u] + row_p[u] for u in new}
             nv = numa[v]
             numas[nv] = numas.get(nv, 0) + 1
-            self._dfs(mask | (1 << v), bw + conn[v], pc + connp[v], numas, nic_count + near[v], new, nconn, nconnp)
+            self._dfs(mask | (1 << v), bw + conn[v], numas, nic_count + near[v], new, nconn)
             numas[nv] -= 1
             if not numas[nv]:
                 del numas[nv]
