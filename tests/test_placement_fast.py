@@ -152,3 +152,42 @@ def test_cluster_keeps_the_machine_types_best_interconnect_before_packing():
         assert a.node == "used"
     else:
         assert a.node == "idle" and a.score.weakest_rank == best_idle.score.weakest_rank
+
+
+def _clear(ix):
+    from rayaccel.placement import node
+
+    node._CACHE.clear()
+    node._DECISIONS.clear()
+    ix.results.clear()
+
+
+@pytest.mark.parametrize("source", ["dgx2-v100", "72_dgx2", "trn1-32xlarge"])
+def test_symmetry_classes_choose_what_every_tied_set_would(source, monkeypatch):
+    """Above 64 tied sets criterion 4 runs once per symmetry class; the choice must equal the one over every set."""
+    from pathlib import Path
+
+    from rayaccel import catalog
+    from rayaccel.discovery.capture import import_captures
+    from rayaccel.placement import node
+
+    if source.startswith("72_"):
+        topo = import_captures([next((Path(__file__).parent / "data" / "captures").glob("72_*.txt"))]).topology
+    else:
+        topo = catalog.load(source)
+    ix = index_of(topo)
+    rng = random.Random(2)
+    for _ in range(12):
+        busy = frozenset(d for d in topo.indices if rng.random() < rng.choice((0.0, 0.2, 0.4)))
+        for k in (2, 4, 6, 8):
+            st = NodeState(topo, busy=busy)
+            _clear(ix)
+            a = plan(st, gpus=k)
+            _clear(ix)
+            monkeypatch.setattr(node, "SCAN_CAP", 10**9)
+            b = plan(st, gpus=k)
+            monkeypatch.setattr(node, "SCAN_CAP", 64)
+            if a:
+                assert sorted(a.devices) == sorted(b.devices), (sorted(busy), k, a.explain(), b.explain())
+            else:
+                assert not b

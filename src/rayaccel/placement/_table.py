@@ -315,6 +315,7 @@ def best(tb: Table, free: int, k: int, nvlink: bool = False, nic: bool = False, 
         runners.sort(reverse=True)
     res = SearchResult(tb.decode(ties[0], nic), ties, runners)
     res.expansions = hit + 1
+    res.hit = hit
     return res
 
 

@@ -228,24 +228,44 @@ def tie_classes(ix: TopoIndex, tb: Table, free: int, k: int, req: int, nvlink: b
     return out
 
 
-def best_member(tb: Table, free: int, k: int, req: int, nvlink: bool, nic: bool, same_numa: bool, start: int,
-                signature: tuple) -> int:
-    """The first set in key order (best PCIe paths, then lowest positions) with ``signature``, from ``start``.
+def best_member(tb: Table, free: int, k: int, req: int, nvlink: bool, nic: bool, same_numa: bool,
+                start: int | None, signature: tuple) -> int:
+    """The member of a symmetry class with the best PCIe paths (then the lowest positions).
 
     ``signature``: ``((class mask, count), ...)`` as from :func:`tie_classes`; classes not
-    named are taken 0 times.
+    named are taken 0 times. ``start``: the first tied set's index in the sorted
+    k-subsets (the tie group is scanned from there, in key order); None (few sets,
+    found by enumeration): the members are enumerated.
     """
-    masks, ends = tb.sorted_sets(k)
-    outside = tb.full & ~free
+    from itertools import combinations, product
+
     named = 0
     for cm, _ in signature:
         named |= cm
-    for m in masks[start:ends[start]]:
-        if m & outside or m & ~named:
-            continue
-        if all((m & cm).bit_count() == c for cm, c in signature) and _ok(tb, m, nvlink, nic, same_numa, req):
-            return m
-    raise AssertionError("a signature from tie_classes has no member")  # pragma: no cover
+    if start is not None:
+        masks, ends = tb.sorted_sets(k)
+        outside = tb.full & ~free
+        for m in masks[start:ends[start]]:
+            if m & outside or m & ~named:
+                continue
+            if all((m & cm).bit_count() == c for cm, c in signature) and _ok(tb, m, nvlink, nic, same_numa, req):
+                return m
+    choices = [[sum(c) for c in combinations([1 << p for p in range(tb.n) if (free & cm) >> p & 1], cnt)]
+               for cm, cnt in signature]
+    best = None
+    for parts in product(*choices):
+        m = sum(parts)
+        if _ok(tb, m, nvlink, nic, same_numa, req):
+            key = (tb.key[m] & ((1 << _NUMA_SHIFT) - 1), _lex(m))
+            if best is None or key > best[0]:
+                best = (key, m)
+    if best is None:  # pragma: no cover - tie_classes only returns classes with a valid member
+        raise AssertionError("a signature from tie_classes has no member")
+    return best[1]
+
+
+def _lex(m: int) -> int:
+    return (_REV8[m & 255] << 8) | _REV8[(m >> 8) & 255]
 
 
 _REV8 = bytes(int(f"{i:08b}"[::-1], 2) for i in range(256))

@@ -334,7 +334,7 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
             why.append("decided by: " + _why_fragmentation(ix, tb, part, left[0], cands, qual, k)
                        + f" ({ties} sets tie on criteria 1-3)")
     if sigs is not None:  # each class's member with the best PCIe paths (then lowest positions)
-        start = res.expansions - 1
+        start = res.hit
         flags = (request.interconnect == "nvlink", request.nic, request.same_numa)
         best_of = {m: best_member(tb, mask, k, req, *flags, start, sigs[m]) for m in left}
         qual = {best_of.get(m, m): q for m, q in qual.items()}

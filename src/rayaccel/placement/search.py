@@ -59,6 +59,7 @@ class SearchResult:
     optimal: bool = True
     bound_mgbps: int | None = None
     expansions: int = 0
+    hit: int | None = None  # table search: index of the first tied set in the sorted k-subsets
 
 
 class _Out(Exception):
