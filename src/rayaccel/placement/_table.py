@@ -115,7 +115,7 @@ class Table:
                 nb[m] = g = 1 << nid[p]
                 direct[m] = 1
             key[m] = (l << _LVL_SHIFT) | t | ((31 - g.bit_count()) << _NUMA_SHIFT)
-        self.key = key
+        self.key = tuple(key)  # tuples of ints drop out of the garbage collector's scans (lists do not)
         self.direct = direct
         self._sorted: dict[int, tuple[list[int], list[int]]] = {}
         self.quality: dict = {}  # (rest mask, size) -> criterion-4 packing quality
@@ -136,7 +136,7 @@ class Table:
                 if i + 1 < len(masks) and key[masks[i]] >> _NUMA_SHIFT != key[masks[i + 1]] >> _NUMA_SHIFT:
                     end = i + 1
                 ends[i] = end
-            got = self._sorted[k] = (masks, ends)
+            got = self._sorted[k] = (tuple(masks), tuple(ends))
         return got
 
     def decode(self, m: int, nic: bool) -> tuple:
