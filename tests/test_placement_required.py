@@ -171,6 +171,15 @@ def test_explain_names_the_criterion_that_decided(build, fields, busy, decided, 
     assert f"decided by: {text}" in a.explain()
 
 
+def test_explain_names_later_criteria_that_chose_among_what_the_decider_left():
+    """near 3 on a DGX-1: two NV2 pairs hold device 3; near drops the rest, criterion 4 picks between them."""
+    a = plan(dgx1v(), gpus=2, near=(3,))
+    assert a.decided_by == "near" and 3 in a.devices
+    lines = a.explain().splitlines()
+    first = next(i for i, w in enumerate(lines) if "decided by: near" in w)
+    assert any(w.strip().startswith("then: criterion 4") for w in lines[first + 1:]), a.explain()
+
+
 def test_pcie_path_under_nvlink_breaks_a_tie_when_nothing_else_does():
     """Three NV1 GPUs: 0-1 also share a PCIe switch (go-gpuallocator scores that pair 150, the others 130)."""
     from rayaccel.topology import Device, NodeTopology, make_link

@@ -60,8 +60,10 @@ class Decision:
         state / request: what was decided on. chosen: the set (position mask).
         res: the search result (tied sets, runners, optimality). quality: criterion 4
         of the chosen set, or None. losers: ``(mask, quality)`` of tied sets not chosen.
-        why: sentences on the choice, the first naming the criterion that decided.
-        decided_by: that criterion, e.g. ``"criterion 2"``, ``"near"``, ``"tie: lowest indices"``.
+        why: sentences on the choice, the first naming the criterion that decided; when
+            that criterion left several sets, ``"then: ..."`` lines name the later ones that chose among them.
+        decided_by: that criterion (the first in order that set the chosen set apart from a set
+            tied with it so far), e.g. ``"criterion 2"``, ``"near"``, ``"tie: lowest indices"``.
         weakest_rank: Link.rank of the weakest pair (None for one device).
         key: equal to ``Score.key()`` of the materialized allocation.
     """
@@ -328,11 +330,14 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
     if len(cands) > 1 and tb is not None:
         pool = free_mask(ix, state) if state.busy_partitions else ((1 << ix.n) - 1) & ~state.key[1]
         left, qual, part = fragmentation(ix, tb, _plain_mask(ix), pool, cands, k)
-        if part is not None and decided is None:
-            decided = "criterion 4"
+        if part is not None:
             ties = f"{len(cands)}" if sigs is None else f"{n_tied}+ (in {len(cands)} symmetry classes)"
-            why.append("decided by: " + _why_fragmentation(ix, tb, part, left[0], cands, qual, k)
-                       + f" ({ties} sets tie on criteria 1-3)")
+            line = _why_fragmentation(ix, tb, part, left[0], cands, qual, k) + f" ({ties} sets tie on criteria 1-3)"
+            if decided is None:
+                decided = "criterion 4"
+                why.append("decided by: " + line)
+            else:  # near dropped some sets; criterion 4 chose among those left
+                why.append("then: " + line)
     if sigs is not None:  # each class's member with the best PCIe paths (then lowest positions)
         start = res.hit
         flags = (request.interconnect == "nvlink", request.nic, request.same_numa)
@@ -344,13 +349,19 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
         pc = {m: _pcie_of(ix, m) for m in left}
         top = max(pc.values())
         best_pc = [m for m in left if pc[m] == top]
-        if len(best_pc) < len(left) and decided is None:
-            decided = "criterion 5"
+        if len(best_pc) < len(left):
             other = max((m for m in left if pc[m] != top), key=lambda m: (pc[m], lex_key(ix, m)))
-            why.append(f"decided by: {_CRITERIA[4]}: score {top} vs {pc[other]} for {list(ix.devices_of(other))} "
-                       f"({len(left)} sets tie on criteria 1-{4 if tb is not None else 3})")
+            line = (f"{_CRITERIA[4]}: score {top} vs {pc[other]} for {list(ix.devices_of(other))} "
+                    f"({len(left)} sets tie on criteria 1-{4 if tb is not None else 3})")
+            if decided is None:
+                decided = "criterion 5"
+                why.append("decided by: " + line)
+            else:  # an earlier criterion dropped some sets; the PCIe paths chose among those left
+                why.append("then: " + line)
         left = best_pc
     chosen = max(left, key=lambda m: lex_key(ix, m))
+    if decided is not None and len(left) > 1:
+        why.append(f"then: tie: lowest indices ({len(left)} sets left equal on every criterion)")
     quality = qual.get(chosen)
     losers = [(m, qual.get(m)) for m in cands[:8] if m != chosen] + losers
     if decided is None:

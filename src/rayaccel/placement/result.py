@@ -74,7 +74,9 @@ class Allocation:
         score: the :class:`Score` of the set. request: what was asked.
         runners_up: ``(devices, Score)`` of the next best sets seen, best first.
         why: sentences on how the choice was made; for whole devices the first one is
-            ``"decided by: ..."``, naming the criterion that decided.
+            ``"decided by: ..."``, naming the criterion that decided (the first in order that
+            set the chosen set apart from a set tied with it so far); ``"then: ..."`` lines
+            follow when later criteria chose among the sets that one left.
         decided_by: that criterion for whole devices: ``"criterion 1"``, ``"criterion 2"``,
             ``"near"``, ``"criterion 3"``, ``"criterion 4"``, ``"criterion 5"`` (PCIe paths),
             ``"tie: lowest indices"`` or ``"only set"``; None for MIG / shared memory.
