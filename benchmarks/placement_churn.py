@@ -195,7 +195,7 @@ def main(argv=None) -> None:
           f"{'mean all-reduce GB/s':>21} {'mean wait':>9} {'p95 wait':>9} {'frag nodes':>10} {'frag groups':>11}")
     for pol, r in res.items():
         print(f"{pol:12} {r['multi']:>14} {100 * r['best']:>20.1f}% {r['best'] / max(res['first_free']['best'], 1e-9):>12.2f}x "
-              f"{r['bw']:>21.1f} {r['wait']:>9.3f} {r['wait_p95']:>9.3f} {r['frag']:>10.3f} {r['gfrag']:>11.3f}")
+              f"{r['bw']:>21.1f} {r['wait']:>9.3f} {r['wait_p95']:>9.3f} {r['frag']:>10.4f} {r['gfrag']:>11.4f}")
     print("best interconnect = weakest link equal to the best k-set of an idle node of that type; "
           "wait in mean job durations; frag nodes = share of free GPUs on partly used nodes (lower packs better); "
           "frag groups = share of free GPUs in no free best-interconnect group of 8, 4 or 2 on their node (lower keeps "
