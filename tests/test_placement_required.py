@@ -55,8 +55,8 @@ def test_required_set_is_the_best_set_that_holds_them_vs_brute_force():
     (dict(gpus=2, required=(4,)), {4}, "required device 4 is busy"),
     (dict(gpus=4, required=(0, 1, 2, 3)), {0}, "required device 0 is busy"),
     (dict(gpus=4, required=(0, 5), interconnect="nvlink"), set(),
-     "no 4 free devices that include required device 0, 5 are all NVLink-connected: the best has SYS between 0 and 5"),
-    (dict(gpus=3, required=(0, 4), same_numa=True), set(), "no NUMA node has 3 free devices that include required device 0, 4"),
+     "no 4 free devices that include required devices 0, 5 are all NVLink-connected: the best has SYS between 0 and 5"),
+    (dict(gpus=3, required=(0, 4), same_numa=True), set(), "no NUMA node has 3 free devices that include required devices 0, 4"),
 ], ids=["busy", "one of four busy", "nvlink impossible with them", "same NUMA impossible with them"])
 def test_required_rejections_say_why(fields, busy, text):
     r = plan(dgx1v(), busy=busy, **fields)
@@ -96,6 +96,14 @@ def test_a_device_the_node_lacks_is_a_request_error(name):
     with pytest.raises(RequestError) as e:
         plan(dgx1v(), gpus=2, **{name: (9,)})
     assert e.value.field == name and "no device 9" in str(e.value) and "0-7" in str(e.value)
+
+
+def test_plan_with_required_and_no_gpus_asks_for_the_required_devices():
+    assert sorted(plan(dgx1v(), required=(4, 5)).devices) == [4, 5]
+    with pytest.raises(RequestError, match="2 devices required but gpus=1"):
+        Request(required=(4, 5))  # a Request states gpus itself
+    with pytest.raises(RequestError, match="named twice"):
+        plan(dgx1v(), required=(4, 4))
 
 
 def test_request_stays_hashable_and_normalises_indices():

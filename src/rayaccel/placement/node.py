@@ -523,7 +523,8 @@ def materialize(d: Decision) -> Allocation:
 def _why_none(ix: TopoIndex, mask: int, request: Request) -> list[str]:
     k = request.gpus
     req = ix.mask_of(request.required) if request.required else 0
-    with_req = f" that include required device {_list(list(request.required))}" if req else ""
+    plural = "s" if len(request.required) > 1 else ""
+    with_req = f" that include required device{plural} {_list(list(request.required))}" if req else ""
     base = best_sets(ix, mask, k, tie_cap=1, required=req)
     reasons: list[str] = []
     if req and base is None:

@@ -190,6 +190,9 @@ def _index_tuple(values, name: str) -> tuple[int, ...]:
 def make_request(request: Request | None = None, **fields) -> Request:
     """``request`` as is, or a :class:`Request` built from ``fields`` (not both).
 
+    With ``required`` and no ``gpus`` among the fields (whole devices), ``gpus`` is
+    the number of required devices: ``plan(t, required=(4, 5))`` asks for 4 and 5.
+
     Raises:
         RequestError: both given, an unknown field, or a bad value.
     """
@@ -203,4 +206,8 @@ def make_request(request: Request | None = None, **fields) -> Request:
     unknown = sorted(set(fields) - allowed)
     if unknown:
         raise RequestError(f"unknown field {unknown[0]!r}", unknown[0], ", ".join(sorted(allowed)))
+    req = fields.get("required")
+    if req and "gpus" not in fields and not fields.get("mig") and fields.get("gpu_memory") is None \
+            and isinstance(req, (tuple, list, set, frozenset)):
+        fields = {**fields, "gpus": len(req)}
     return Request(**fields)
