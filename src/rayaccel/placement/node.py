@@ -350,14 +350,15 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
         top = max(pc.values())
         best_pc = [m for m in left if pc[m] == top]
         if len(best_pc) < len(left):
-            other = max((m for m in left if pc[m] != top), key=lambda m: (pc[m], lex_key(ix, m)))
-            line = (f"{_CRITERIA[4]}: score {top} vs {pc[other]} for {list(ix.devices_of(other))} "
-                    f"({len(left)} sets tie on criteria 1-{4 if tb is not None else 3})")
+            upto = 4 if tb is not None else 3
             if decided is None:
                 decided = "criterion 5"
-                why.append("decided by: " + line)
+                other = max((m for m in left if pc[m] != top), key=lambda m: (pc[m], lex_key(ix, m)))
+                why.append(f"decided by: {_CRITERIA[4]}: score {top} vs {pc[other]} for {list(ix.devices_of(other))} "
+                           f"({len(left)} sets tie on criteria 1-{upto})")
             else:  # an earlier criterion dropped some sets; the PCIe paths chose among those left
-                why.append("then: " + line)
+                why.append(f"then: {_CRITERIA[4]}: score {top} for {len(best_pc)} of the {len(left)} sets left "
+                           f"(tied on criteria 1-{upto})")
         left = best_pc
     chosen = max(left, key=lambda m: lex_key(ix, m))
     if decided is not None and len(left) > 1:
