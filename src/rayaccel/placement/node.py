@@ -25,6 +25,7 @@ Criteria 1-3 come from the exact search of :mod:`.search` (bitmask tables up to
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 from ..errors import RequestError
 from ..units import format_bytes
@@ -60,7 +61,8 @@ class Decision:
         state / request: what was decided on. chosen: the set (position mask).
         res: the search result (tied sets, runners, optimality). quality: criterion 4
         of the chosen set, or None. losers: ``(mask, quality)`` of tied sets not chosen.
-        why: sentences on the choice, the first naming the criterion that decided; when
+        why: sentences on the choice (some deferred as zero-argument callables until
+            :func:`materialize` writes them), the first naming the criterion that decided; when
             that criterion left several sets, ``"then: ..."`` lines name the later ones that chose among them.
         decided_by: that criterion (the first in order that set the chosen set apart from a set
             tied with it so far), e.g. ``"criterion 2"``, ``"near"``, ``"tie: lowest indices"``.
@@ -332,12 +334,12 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
         left, qual, part = fragmentation(ix, tb, _plain_mask(ix), pool, cands, k)
         if part is not None:
             ties = f"{len(cands)}" if sigs is None else f"{n_tied}+ (in {len(cands)} symmetry classes)"
-            line = _why_fragmentation(ix, tb, part, left[0], cands, qual, k) + f" ({ties} sets tie on criteria 1-3)"
+            # the sentence is written only if the allocation is materialized (it scans the tied sets)
+            head = "decided by: " if decided is None else "then: "  # then: near dropped some, 4 chose among the rest
+            why.append(partial(_why_fragmentation, ix, tb, part, left[0], cands, qual, k,
+                               head, f" ({ties} sets tie on criteria 1-3)"))
             if decided is None:
                 decided = "criterion 4"
-                why.append("decided by: " + line)
-            else:  # near dropped some sets; criterion 4 chose among those left
-                why.append("then: " + line)
     if sigs is not None:  # each class's member with the best PCIe paths (then lowest positions)
         start = res.hit
         flags = (request.interconnect == "nvlink", request.nic, request.same_numa)
@@ -374,8 +376,8 @@ def _decide_devices(state: NodeState, request: Request) -> Decision | Rejection:
                 extra += f"; {len(sigs)} symmetry classes"
             why.append(f"decided by: tie: lowest indices ({n_tied}{cap_note} sets equal on every criterion{extra})")
         elif res.runners:
-            decided, line = _why_criteria(ix, chosen, res.key, res.runners[0], request.nic)
-            why.append("decided by: " + line)
+            decided = _criterion_of(res.key, res.runners[0][0])
+            why.append(partial(_why_criteria, ix, chosen, res.key, res.runners[0], request.nic))
         else:
             decided = "only set"
             why.append("decided by: the only set that meets the request")
@@ -446,23 +448,35 @@ def _pcie_of(ix: TopoIndex, mask: int) -> int:
     return sum(ix.pcie[a][b] for i, a in enumerate(ps) for b in ps[i + 1:])
 
 
-def _why_criteria(ix: TopoIndex, chosen: int, key: tuple, runner: tuple, nic: bool) -> tuple[str, str]:
-    """(criterion, sentence): the first criterion on which ``chosen`` beats the best runner-up."""
+def _criterion_of(key: tuple, rkey: tuple) -> str:
+    """The first criterion on which ``key`` differs from ``rkey`` (packed search keys)."""
+    for i, (a, b) in enumerate(zip(key, rkey)):
+        if a != b:
+            return ("criterion 1", "criterion 2", "criterion 3", "criterion 3")[i] if i < 4 else "criterion 5"
+    return "tie: lowest indices"
+
+
+def _why_criteria(ix: TopoIndex, chosen: int, key: tuple, runner: tuple, nic: bool) -> str:
+    """``"decided by: ..."``: the first criterion on which ``chosen`` beats the best runner-up, with the numbers."""
+    return "decided by: " + _criteria_line(ix, chosen, key, runner)
+
+
+def _criteria_line(ix: TopoIndex, chosen: int, key: tuple, runner: tuple) -> str:
     rkey, rmask = runner
     devs = list(ix.devices_of(rmask))
     for i, (a, b) in enumerate(zip(key, rkey)):
         if a == b:
             continue
         if i == 0:
-            return "criterion 1", f"{_CRITERIA[0]}: {_weakest_label(ix, chosen)} vs {_weakest_label(ix, rmask)} in runner-up {devs}"
+            return f"{_CRITERIA[0]}: {_weakest_label(ix, chosen)} vs {_weakest_label(ix, rmask)} in runner-up {devs}"
         if i == 1:
-            return "criterion 2", f"{_CRITERIA[1]}: {a / 1000:g} vs {b / 1000:g} GB/s for runner-up {devs}"
+            return f"{_CRITERIA[1]}: {a / 1000:g} vs {b / 1000:g} GB/s for runner-up {devs}"
         if i == 2:
-            return "criterion 3", f"{_CRITERIA[2]}: {-a} vs {-b} for runner-up {devs}"
+            return f"{_CRITERIA[2]}: {-a} vs {-b} for runner-up {devs}"
         if i == 3:
-            return "criterion 3", f"{_CRITERIA[3]}: {a} vs {b} for runner-up {devs}"
-        return "criterion 5", f"{_CRITERIA[4]}: score {a} vs {b} for runner-up {devs}"
-    return "tie: lowest indices", "tie: lowest indices"
+            return f"{_CRITERIA[3]}: {a} vs {b} for runner-up {devs}"
+        return f"{_CRITERIA[4]}: score {a} vs {b} for runner-up {devs}"
+    return "tie: lowest indices"
 
 
 def _weakest_label(ix: TopoIndex, mask: int) -> str:
@@ -473,7 +487,12 @@ def _weakest_label(ix: TopoIndex, mask: int) -> str:
     return ix.label(a, b)
 
 
-def _why_fragmentation(ix: TopoIndex, tb, part: str, chosen: int, cands: list[int], qual: dict, k: int) -> str:
+def _why_fragmentation(ix: TopoIndex, tb, part: str, chosen: int, cands: list[int], qual: dict, k: int,
+                       head: str = "", tail: str = "") -> str:
+    return head + _fragmentation_line(ix, part, chosen, cands, qual, k) + tail
+
+
+def _fragmentation_line(ix: TopoIndex, part: str, chosen: int, cands: list[int], qual: dict, k: int) -> str:
     mine = qual[chosen]
     if part == "4a":
         other = max((m for m in cands if qual[m][0] != mine[0]), key=lambda m: (qual[m][0], lex_key(ix, m)))
@@ -508,6 +527,7 @@ def materialize(d: Decision) -> Allocation:
     runners += [(tuple(ix.devices_of(m)), score_of(ix, m, None, request.nic, allreduce=False))
                 for _, m in res.runners[:3 - len(runners)]]
     devs = {dv.index: dv for dv in state.topology.devices}
+    d.why = why = tuple(w if isinstance(w, str) else w() for w in d.why)  # deferred sentences, written now
     d.alloc = Allocation(
         devices=tuple(order),
         request=request,
@@ -515,7 +535,7 @@ def materialize(d: Decision) -> Allocation:
         memory_bytes={i: devs[i].memory_bytes for i in order},
         node=state.node_id,
         runners_up=tuple(runners),
-        why=d.why,
+        why=why,
         decided_by=d.decided_by,
     )
     return d.alloc
