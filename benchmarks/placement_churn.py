@@ -23,9 +23,18 @@ choose devices their way.
 
 Metrics for multi-GPU jobs: share placed on their best possible interconnect
 (weakest link as strong as the best k-set of an idle node of that type), mean
-modeled ring all-reduce bandwidth, mean queueing delay; fragmentation as the
-mean share of free GPUs that sit on partly used nodes, sampled at arrivals
-(Poisson arrivals see time averages, so this is the time-averaged share).
+modeled ring all-reduce bandwidth, mean queueing delay. Two fragmentations,
+sampled at arrivals (Poisson arrivals see time averages, so these are
+time-averaged shares):
+
+* ``frag nodes``: the share of free GPUs that sit on partly used nodes (how
+  well the cluster placer packs whole nodes);
+* ``frag groups``: the share of free GPUs *stranded* inside their node: not in
+  any free group that a 2-, 4- or 8-GPU job could take at its type's best
+  interconnect (groups counted greedily, largest size first, each a best-found
+  set whose weakest link equals the idle node's best for that size). This is
+  what the node allocator's criterion 4 (keep the largest well-connected free
+  groups whole) is for.
 
 Run: python benchmarks/placement_churn.py [--quick]
 """
@@ -74,6 +83,32 @@ def best_weakest(topo, k, cache={}):
     return cache[key]
 
 
+_COVER: dict = {}
+
+
+def stranded(state) -> int:
+    """Free GPUs of ``state`` in no best-wired free group of 8, 4 or 2 (see the module docstring). Cached."""
+    from rayaccel.placement._index import index_of
+    from rayaccel.placement.search import best_sets
+
+    topo = state.topology
+    ix = index_of(topo)
+    free = ((1 << ix.n) - 1) & ~ix.mask_of(state.busy)
+    ck = (ix.key, free)
+    got = _COVER.get(ck)
+    if got is None:
+        left = free
+        for s in (8, 4, 2):
+            want = best_weakest(topo, s)
+            while left.bit_count() >= s and want is not None:
+                r = best_sets(ix, left, s, tie_cap=1)
+                if r is None or ix.levels[r.key[0]] != want:
+                    break
+                left &= ~r.sets[0]
+        got = _COVER[ck] = left.bit_count()
+    return got
+
+
 def simulate(policy, nodes0, jobs, rng):
     nodes = list(nodes0)
     pos = {n.node_id: i for i, n in enumerate(nodes)}
@@ -81,7 +116,7 @@ def simulate(policy, nodes0, jobs, rng):
     for j, (t, k, dur) in enumerate(jobs):
         heapq.heappush(events, (t, j, "arrive", j))
     queue: list[int] = []
-    waits, best_hits, bws, multi, frag = [], 0, [], 0, []
+    waits, best_hits, bws, multi, frag, gfrag = [], 0, [], 0, [], []
     seq = len(jobs)
     while events:
         t, _, kind, payload = heapq.heappop(events)
@@ -90,6 +125,7 @@ def simulate(policy, nodes0, jobs, rng):
             free_total = sum(len(n.topology.devices) - len(n.busy) for n in nodes)
             partly = sum(len(n.topology.devices) - len(n.busy) for n in nodes if n.busy)
             frag.append(partly / free_total if free_total else 0.0)
+            gfrag.append(sum(stranded(n) for n in nodes) / free_total if free_total else 0.0)
         else:
             i, devs = payload
             nodes[i] = NodeState(nodes[i].topology, nodes[i].busy - frozenset(devs), node_id=nodes[i].node_id)
@@ -126,7 +162,7 @@ def simulate(policy, nodes0, jobs, rng):
         queue = still
     return {"best": best_hits / max(multi, 1), "bw": statistics.mean(bws) if bws else 0.0,
             "wait": statistics.mean(waits), "wait_p95": sorted(waits)[int(0.95 * len(waits))],
-            "frag": statistics.mean(frag), "multi": multi}
+            "frag": statistics.mean(frag), "gfrag": statistics.mean(gfrag), "multi": multi}
 
 
 def run_policies(nodes, jobs, seed, policies=("rayaccel", "first_free", "besteffort", "random")):
@@ -156,12 +192,14 @@ def main(argv=None) -> None:
     print(f"job sizes {MIX} (share of jobs by GPU count): {MIX_SOURCE}")
     res = run_policies(nodes, jobs, args.seed)
     print(f"{'policy':12} {'multi-GPU jobs':>14} {'on best interconnect':>21} {'vs first_free':>13} "
-          f"{'mean all-reduce GB/s':>21} {'mean wait':>9} {'p95 wait':>9} {'frag':>6}")
+          f"{'mean all-reduce GB/s':>21} {'mean wait':>9} {'p95 wait':>9} {'frag nodes':>10} {'frag groups':>11}")
     for pol, r in res.items():
         print(f"{pol:12} {r['multi']:>14} {100 * r['best']:>20.1f}% {r['best'] / max(res['first_free']['best'], 1e-9):>12.2f}x "
-              f"{r['bw']:>21.1f} {r['wait']:>9.3f} {r['wait_p95']:>9.3f} {r['frag']:>6.3f}")
+              f"{r['bw']:>21.1f} {r['wait']:>9.3f} {r['wait_p95']:>9.3f} {r['frag']:>10.4f} {r['gfrag']:>11.4f}")
     print("best interconnect = weakest link equal to the best k-set of an idle node of that type; "
-          "wait in mean job durations; frag = share of free GPUs on partly used nodes (lower packs better).")
+          "wait in mean job durations; frag nodes = share of free GPUs on partly used nodes (lower packs better); "
+          "frag groups = share of free GPUs in no free best-interconnect group of 8, 4 or 2 on their node (lower keeps "
+          "groups whole).")
 
 
 if __name__ == "__main__":

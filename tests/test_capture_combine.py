@@ -144,3 +144,39 @@ def test_missing_file_and_empty_list():
 def test_mp_warning_only_when_nothing_shows_nvlink():
     assert any("PCIe paths only" in w for w in import_captures([TOPO_MP]).warnings)
     assert not any("PCIe paths only" in w for w in import_captures([TOPO_M, TOPO_MP]).warnings)
+
+
+def test_lgipp_alone_keeps_per_profile_id_placements_unnamed():
+    r = import_captures([cap("86")])
+    profiles = r.topology.device(0).mig_profiles
+    assert [(m.name, m.id, m.placements, m.slots) for m in profiles] == [
+        ("#19", 19, (0, 1, 2, 3, 4, 5, 6), 1), ("#14", 14, (0, 2, 4), 2), ("#9", 9, (0, 4), 4),
+        ("#5", 5, (0,), 4), ("#0", 0, (0,), 8)]
+    assert all(m.memory_mib is None for m in profiles)
+    assert any("names no profile for id(s) 19, 14, 9, 5, 0" in w for w in r.warnings)
+
+
+@pytest.mark.parametrize("order", [("86", "87"), ("87", "86")])
+def test_lgipp_profiles_are_named_by_the_model_from_nvidia_smi_L(order):
+    """ThetaGPU's `-lgipp` + `-L` (A100-SXM4-40GB): ids named from the catalog, placements from -lgipp."""
+    r = import_captures([cap(o) for o in order])
+    d = r.topology.device(0)
+    by = {m.name: m for m in d.mig_profiles}
+    assert list(by) == ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+    assert by["3g.20gb"].placements == (0, 4) and by["3g.20gb"].memory_mib == 19968 and by["1g.5gb"].sms == 14
+    assert any("named from the catalog's MIG table for 'A100-SXM4-40GB'" in w for w in r.warnings)
+    assert r.topology.hostname == "thetagpu05"
+
+
+def test_lgipp_names_from_the_lgip_table_when_both_are_there():
+    text = cap("57").read_text() + "\n$ nvidia-smi mig -lgipp\n" + LGIPP
+    names = [m.name for m in parse_capture(text).topology.device(0).mig_profiles]
+    assert "#19" not in names and "1g.5gb" in names
+
+
+def test_catalog_id_with_another_slot_size_is_not_trusted():
+    """Profile ids are device- and driver-specific: a catalog id with a different size does not name it."""
+    lgipp = "GPU  0 Profile ID 14 Placements: {0,4}:4\n"
+    lst = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
+    d = import_captures([lgipp, lst]).topology.device(0)
+    assert [m.name for m in d.mig_profiles] == ["#14"]

@@ -30,11 +30,13 @@ EXPECTED: dict[str, tuple[int, int, int, bool] | str] = {
     "67": (12, 12, 0, False), "68": (16, 32, 0, False), "69": (4, 3, 0, False), "72": (16, 65, 10, True),
     "73": (8, 28, 0, False), "74": (8, 28, 0, False), "76": (4, 6, 2, True), "77": (4, 6, 0, False),
     "78": (2, 1, 2, False), "79": (2, 1, 0, False), "80": "nvidia-smi topo -p2p", "82": (8, 28, 8, False),
+    "83": (4, 6, 0, False), "84": (8, 0, 0, True), "85": (1, 0, 0, False), "86": (1, 0, 0, True),
+    "87": (1, 0, 0, False),
 }
 
 
 def test_corpus_is_complete():
-    assert len(FILES) == 60
+    assert len(FILES) == 65
     assert sorted(f.name[:2] for f in FILES) == sorted(EXPECTED)
 
 

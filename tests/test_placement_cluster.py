@@ -117,7 +117,54 @@ def test_multi_gpu_job_on_equally_packed_nodes_takes_the_better_wired_one():
 
 def test_single_gpu_jobs_fill_partly_used_nodes_first_fit():
     """1-GPU jobs: partly used nodes first, then the earlier node (not the fullest): a stable prefix fills up."""
-    nodes = [NodeState(hgx_h100(), node_id="idle"), NodeState(hgx_h100(), busy=frozenset({0}), node_id="a"),
-             NodeState(hgx_h100(), busy=frozenset({0, 1, 2}), node_id="b")]
+    nodes = [NodeState(hgx_h100(), node_id="idle"), NodeState(hgx_h100(), busy=frozenset({0, 1}), node_id="a"),
+             NodeState(hgx_h100(), busy=frozenset({0, 1, 4, 5}), node_id="b")]
     assert place(nodes, Request(gpus=1)).node == "a"
     assert place(nodes[:1], Request(gpus=1)).node == "idle"
+
+
+def test_single_gpu_jobs_take_a_straggler_before_breaking_a_pair():
+    """Node b's device 3 has no free NUMA-0 partner left: a 1-GPU job takes it rather than split a pair on a."""
+    nodes = [NodeState(hgx_h100(), node_id="idle"), NodeState(hgx_h100(), busy=frozenset({0}), node_id="a"),
+             NodeState(hgx_h100(), busy=frozenset({0, 1, 2}), node_id="b")]
+    a = place(nodes, Request(gpus=1))
+    assert a.node == "b" and a.devices == (3,)
+
+
+def test_incremental_ranking_equals_ranking_every_node_afresh():
+    """place() re-ranks only the nodes whose state object changed since its last call on that request."""
+    import random
+
+    from rayaccel.placement import cluster
+    from test_placement_machines import dgx2
+
+    rng = random.Random(3)
+    topos = [dgx1v(), pcie8(), hgx_h100(), dgx2()]
+
+    def state(i, t):
+        return NodeState(t, busy=frozenset(d.index for d in t.devices if rng.random() < 0.5), node_id=f"n{i}")
+
+    nodes = [state(i, topos[i % 4]) for i in range(40)]
+    for step in range(150):
+        for _ in range(rng.randint(0, 3)):
+            i = rng.randrange(len(nodes))
+            nodes[i] = state(i, nodes[i].topology)
+        if step % 37 == 5:  # a different node list length, and a reordered one
+            nodes = nodes[1:] + nodes[:1] if step % 2 else nodes + [state(len(nodes), topos[0])]
+        req = Request(gpus=rng.choice((1, 2, 4, 8)))
+        got = place(nodes, req)
+        cluster._LIVE.clear()
+        want = place(nodes, req)
+        assert (got.node, getattr(got, "devices", None)) == (want.node, getattr(want, "devices", None)), step
+
+
+def test_place_rejects_a_node_list_with_something_else_in_it():
+    nodes = [NodeState(dgx1v(), node_id="a")]
+    place(nodes, Request(gpus=1))
+    with pytest.raises(RequestError, match=r"nodes\[1\] is a str"):
+        place(nodes + ["b"], Request(gpus=1))
+    nodes2 = nodes + [NodeState(dgx1v(), node_id="b")]
+    place(nodes2, Request(gpus=1))
+    nodes2[1] = "b"
+    with pytest.raises(RequestError, match=r"nodes\[1\] is a str"):
+        place(nodes2, Request(gpus=1))

@@ -17,10 +17,12 @@ from rayaccel.placement.model import _key, ring
 from test_placement_machines import dgx1v, hgx_h100, pcie8, random_topology
 
 
-def _brute(ix, free, k, nvlink, nic, same_numa):
-    """Best (level, bandwidth, -NUMA, NIC) key over every k-subset of ``free`` meeting the constraints."""
+def _brute(ix, free, k, nvlink, nic, same_numa, required=()):
+    """Best (level, bandwidth, -NUMA, NIC, PCIe paths) key over every k-subset of ``free`` meeting the constraints."""
     out = None
     for s in itertools.combinations(free, k):
+        if not set(required) <= set(s):
+            continue
         if nvlink and not all(ix.direct[a][b] for a, b in itertools.combinations(s, 2)):
             continue
         if same_numa and len({ix.numa[p] for p in s}) != 1:
@@ -29,7 +31,8 @@ def _brute(ix, free, k, nvlink, nic, same_numa):
             continue
         lvl = min((ix.level[a][b] for a, b in itertools.combinations(s, 2)), default=len(ix.levels))
         bw = sum(ix.bw[a][b] for a, b in itertools.combinations(s, 2))
-        key = (lvl, bw, -len({ix.numa[p] for p in s}), sum(ix.nic_near[p] for p in s) if nic else 0)
+        pc = sum(ix.pcie[a][b] for a, b in itertools.combinations(s, 2))
+        key = (lvl, bw, -len({ix.numa[p] for p in s}), sum(ix.nic_near[p] for p in s) if nic else 0, pc)
         out = key if out is None or key > out else out
     return out
 
@@ -48,6 +51,25 @@ def test_table_search_equals_brute_force(seed, n, k, flags):
     if got:
         for m in got.sets:  # every tied set is inside the free mask and scores the best key
             assert m & ~mask == 0 and bin(m).count("1") == k
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 9), k=st.integers(1, 9), flags=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+def test_table_search_with_required_devices_equals_brute_force(seed, n, k, flags):
+    rng = random.Random(seed)
+    ix = index_of(random_topology(rng, n))
+    free = [p for p in range(n) if rng.random() < 0.8]
+    required = rng.sample(free, min(len(free), rng.randint(1, 3))) if free else []
+    mask = sum(1 << p for p in free)
+    req = sum(1 << p for p in required)
+    nvlink, nic, same_numa = flags
+    got = best(table_of(ix), mask, k, nvlink, nic, same_numa, cap=None, req=req)
+    want = _brute(ix, free, k, nvlink, nic, same_numa, required) if len(required) <= k <= len(free) else None
+    assert (got.key if got else None) == want
+    if got:  # every tied set (equal but for the PCIe paths) holds the required devices, all are there (cap=None)
+        ties = {sum(1 << p for p in s) for s in itertools.combinations(free, k)
+                if set(required) <= set(s) and (_brute(ix, list(s), k, nvlink, nic, same_numa) or ())[:4] == want[:4]}
+        assert set(got.sets) == ties
 
 
 @pytest.mark.parametrize("machine", [dgx1v, pcie8, hgx_h100], ids=["DGX-1V", "8x PCIe two sockets", "HGX H100"])
@@ -130,3 +152,42 @@ def test_cluster_keeps_the_machine_types_best_interconnect_before_packing():
         assert a.node == "used"
     else:
         assert a.node == "idle" and a.score.weakest_rank == best_idle.score.weakest_rank
+
+
+def _clear(ix):
+    from rayaccel.placement import node
+
+    node._CACHE.clear()
+    node._DECISIONS.clear()
+    ix.results.clear()
+
+
+@pytest.mark.parametrize("source", ["dgx2-v100", "72_dgx2", "trn1-32xlarge"])
+def test_symmetry_classes_choose_what_every_tied_set_would(source, monkeypatch):
+    """Above 64 tied sets criterion 4 runs once per symmetry class; the choice must equal the one over every set."""
+    from pathlib import Path
+
+    from rayaccel import catalog
+    from rayaccel.discovery.capture import import_captures
+    from rayaccel.placement import node
+
+    if source.startswith("72_"):
+        topo = import_captures([next((Path(__file__).parent / "data" / "captures").glob("72_*.txt"))]).topology
+    else:
+        topo = catalog.load(source)
+    ix = index_of(topo)
+    rng = random.Random(2)
+    for _ in range(12):
+        busy = frozenset(d for d in topo.indices if rng.random() < rng.choice((0.0, 0.2, 0.4)))
+        for k in (2, 4, 6, 8):
+            st = NodeState(topo, busy=busy)
+            _clear(ix)
+            a = plan(st, gpus=k)
+            _clear(ix)
+            monkeypatch.setattr(node, "SCAN_CAP", 10**9)
+            b = plan(st, gpus=k)
+            monkeypatch.setattr(node, "SCAN_CAP", 64)
+            if a:
+                assert sorted(a.devices) == sorted(b.devices), (sorted(busy), k, a.explain(), b.explain())
+            else:
+                assert not b

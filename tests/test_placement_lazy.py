@@ -98,3 +98,24 @@ def test_branch_and_bound_ring_equals_dp(seed, budget):
         model._BB_BUDGET = old
     assert sorted(got) == ps
     assert _key(B, got) == _key(B, _dp_ring(B, ps))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6))
+def test_ring_dp_equals_brute_force_and_its_hints_change_nothing(seed):
+    """The bitset bottleneck pass and the live-state total pass against every ring; lo/hi/b* hints as _exact_ring gives them."""
+    import itertools
+
+    case = _ring_case(seed)
+    if case is None:
+        return
+    B, ps, vals = case
+    if len(ps) > 7:
+        ps = ps[:7]
+    best = max(_key(B, [ps[0], *p]) for p in itertools.permutations(ps[1:]))
+    got = _dp_ring(B, ps)
+    assert sorted(got) == sorted(ps) and _key(B, got) == best
+    lo = _key(B, _greedy(B, ps))[0]
+    hi = _bounds(B, ps, {B[a][b] for i, a in enumerate(ps) for b in ps[i + 1:]})[0]
+    assert _dp_ring(B, ps, None, lo, hi) == got
+    assert _dp_ring(B, ps, best[0]) == got

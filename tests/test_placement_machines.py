@@ -98,7 +98,8 @@ def mig_gpu(index: int = 0, partitions: tuple[Partition, ...] = (), model: str =
 
 
 def random_topology(rng: random.Random, n: int) -> NodeTopology:
-    """A random node: NVLink islands, PCIe classes, NUMA split, memory sizes, some failed devices."""
+    """A random node: NVLink islands (with or without the PCIe path under them), PCIe classes, NUMA split,
+    memory sizes, some failed devices."""
     numa_split = rng.choice([n, max(1, n // 2)])
     devs = tuple(Device(i, memory_bytes=rng.choice([16, 24, 40, 80]) * GiB, numa_node=i // numa_split,
                         health="failed" if rng.random() < 0.05 else "ok") for i in range(n))
@@ -107,7 +108,8 @@ def random_topology(rng: random.Random, n: int) -> NodeTopology:
         for b in range(a + 1, n):
             r = rng.random()
             if r < 0.3:
-                links.append(make_link(a, b, rng.choice(["nvlink", "xgmi"]), rng.randint(1, 12), None))
+                links.append(make_link(a, b, rng.choice(["nvlink", "xgmi"]), rng.randint(1, 12),
+                                       rng.choice([None, "PIX", "PXB", "PHB", "NODE", "SYS"])))
             elif r < 0.9:
                 links.append(make_link(a, b, "pcie", None, rng.choice(["PIX", "PXB", "PHB", "NODE", "SYS"])))
     nics = (Nic("mlx5_0", 0, tuple((i, rng.choice(["PIX", "PXB", "SYS"])) for i in range(n)), True),)

@@ -158,3 +158,24 @@ def test_nvl72_is_exact_by_symmetry():
     a = plan(topo, gpus=8, busy={0, 5, 17})
     assert a.score.optimal and a.score.weakest == "NV18"
     assert a.score.numa_nodes == 4  # 4 whole NUMA pairs
+
+
+def test_large_uniform_domains_are_exact_vs_brute_force():
+    """Above 16 devices an all-to-all NVLink domain takes the uniform search: same (weakest, bandwidth, NUMA)."""
+    from rayaccel.placement._index import index_of
+    from test_placement_machines import uniform
+
+    rng = random.Random(4)
+    for n, split in ((18, 2), (20, 3), (24, 4)):
+        topo = uniform(n, 18, f"uniform-{n}", "GB200", 186, split)
+        ix = index_of(topo)
+        for _ in range(6):
+            busy = set(rng.sample(range(n), rng.randint(0, n // 2)))
+            free = [i for i in range(n) if i not in busy]
+            for k in (1, 2, 3, 5):
+                required = tuple(rng.sample(free, 1)) if k > 1 and rng.random() < 0.5 else ()
+                a = plan(topo, gpus=k, busy=busy, required=required)
+                want = max((-len({ix.numa[ix.pos[d]] for d in s}), s) for s in itertools.combinations(free, k)
+                           if set(required) <= set(s))
+                assert a.score.optimal and a.score.weakest == ("NV18" if k > 1 else None), (busy, k)
+                assert -a.score.numa_nodes == want[0] and set(required) <= set(a.devices), (busy, k, required)

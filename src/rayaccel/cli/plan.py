@@ -9,10 +9,14 @@ import typer
 from ._common import console, fail, print_json
 
 
-def _parse_busy(text: str | None) -> set[int]:
+def _parse_busy(text: str | None, option: str = "--busy", repeats: bool = True) -> set[int]:
+    """Device indices from ``0,3`` / ``4-7``; exits 2 with one line naming ``option`` on bad input.
+
+    ``repeats=False``: naming a device twice is an error (``--required 4,4``).
+    """
     if not text:
         return set()
-    out = set()
+    out: set[int] = set()
     for part in text.split(","):
         part = part.strip()
         if not part:
@@ -20,20 +24,23 @@ def _parse_busy(text: str | None) -> set[int]:
         if "-" in part:
             a, _, b = part.partition("-")
             if not (a.isdigit() and b.isdigit()):
-                fail(f"--busy: cannot read {part!r}; expected device indices like 0,3 or 4-7")
+                fail(f"{option}: cannot read {part!r}; expected device indices like 0,3 or 4-7")
             if int(a) > int(b):
-                fail(f"--busy: range {part!r} runs backwards; expected low-high like 4-7")
-            out.update(range(int(a), int(b) + 1))
+                fail(f"{option}: range {part!r} runs backwards; expected low-high like 4-7")
+            got = set(range(int(a), int(b) + 1))
         elif part.isdigit():
-            out.add(int(part))
+            got = {int(part)}
         else:
-            fail(f"--busy: cannot read {part!r}; expected device indices like 0,3 or 4-7")
+            fail(f"{option}: cannot read {part!r}; expected device indices like 0,3 or 4-7")
+        if not repeats and got & out:
+            fail(f"{option}: device {min(got & out)} named twice; name each device once")
+        out |= got
     return out
 
 
 def plan_cmd(
     topology: str = typer.Option(..., "--topology", "-t", help="catalog name, topology JSON file or capture file"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="whole devices (default 1; 0 with --mig or shared memory)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="whole devices (default 1, or as many as --required names; 0 with --mig or shared memory)"),
     busy: Optional[str] = typer.Option(None, "--busy", help="devices already in use, e.g. 0,3 or 4-7"),
     mig: Optional[str] = typer.Option(None, "--mig", help="one MIG instance of this profile, e.g. 3g.40gb"),
     gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="memory per device, e.g. 20GiB"),
@@ -41,6 +48,8 @@ def plan_cmd(
     interconnect: str = typer.Option("any", "--interconnect", help="any | nvlink"),
     same_numa: bool = typer.Option(False, "--same-numa", help="all devices on one NUMA node"),
     nic: bool = typer.Option(False, "--nic", help="require an RDMA NIC near the set"),
+    required: Optional[str] = typer.Option(None, "--required", help="devices the set must contain, e.g. 4,5"),
+    near: Optional[str] = typer.Option(None, "--near", help="devices holding the input data (soft preference), e.g. 3"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Show the best devices for a request on a machine, and why (or why not)."""
@@ -50,10 +59,16 @@ def plan_cmd(
     topo = load_topology(topology)
     fields = dict(mig=mig, gpu_memory=gpu_memory, interconnect=interconnect, same_numa=same_numa, nic=nic,
                   exclusive=not shared)
+    if required:
+        fields["required"] = tuple(sorted(_parse_busy(required, "--required", repeats=False)))
+    if near:
+        fields["near"] = tuple(sorted(_parse_busy(near, "--near", repeats=False)))
     if gpus is not None:
         fields["gpus"] = gpus
     elif mig is not None or shared:
         fields["gpus"] = 0
+    elif "required" in fields:  # `--required 4,5` alone asks for exactly those devices
+        fields["gpus"] = len(fields["required"])
     busy_set = _parse_busy(busy)
     result = plan(topo, busy=busy_set, **fields)
     layout = None

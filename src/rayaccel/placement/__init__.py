@@ -8,8 +8,11 @@
 * :func:`allreduce_bandwidth_gbps` -- the modeled ring all-reduce bandwidth of a set.
 * :mod:`.baselines` -- Ray's first-free, go-gpuallocator's best-effort, random (benchmarks only).
 
-"The best set" follows docs/ARCHITECTURE.md: weakest link, then total bandwidth, then NUMA
-(and NIC), then fragmentation. See :mod:`.search` and :mod:`.node`.
+"The best set" follows docs/ARCHITECTURE.md: weakest link, then total bandwidth, (data
+locality with ``near``), then NUMA (and NIC), then fragmentation, then the PCIe
+paths under the links; ``required`` devices are a hard constraint. See
+:mod:`.node`, :mod:`.search` and :mod:`._tiebreak`; ``Allocation.explain()`` names
+the criterion that decided.
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ def plan(topology_or_state: NodeTopology | NodeState, request: Request | None = 
 
     Examples:
         ``plan(topo, gpus=4, busy={0, 3})``, ``plan(topo, Request(mig="3g.40gb"))``,
-        ``plan(NodeState(topo, memory_used={0: 2**30}), gpu_memory="20GiB", exclusive=False)``.
+        ``plan(NodeState(topo, memory_used={0: 2**30}), gpu_memory="20GiB", exclusive=False)``,
+        ``plan(topo, gpus=2, required=(4,))`` (the set holds device 4, or a Rejection says why),
+        ``plan(topo, gpus=2, near=(5,))`` (data on device 5: among the sets tied on weakest
+        link and bandwidth, the one that brings it closest).
 
     Args:
         topology_or_state: a :class:`NodeTopology` or a :class:`NodeState`.
@@ -61,7 +67,8 @@ def plan(topology_or_state: NodeTopology | NodeState, request: Request | None = 
         an :class:`Allocation` (truthy) or a :class:`Rejection` (falsy) with reasons.
 
     Raises:
-        RequestError: an invalid request, an unknown field, or a busy index the node lacks.
+        RequestError: an invalid request, an unknown field, or a busy, required or near
+            index the node lacks.
     """
     req = make_request(request, **request_fields) if request is not None or request_fields else Request()
     return allocate(as_state(topology_or_state, busy), req)

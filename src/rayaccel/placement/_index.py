@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from ..topology import NO_LINK_RANK, NodeTopology
 
 _NEAR_NIC = ("PIX", "PXB")
+#: Score of the PCIe path class under a link, for the tie-break after total bandwidth
+#: (criterion 2b): same switch > several switches > same host bridge (root complex) >
+#: same socket > across sockets; 0 when the class is unknown (a direct link whose
+#: PCIe path was not recorded, or no link record at all).
+PCIE_PATH_SCORE = {"PIX": 5, "PXB": 4, "PHB": 3, "NODE": 2, "SYS": 1}
 _BY_ID: dict[int, tuple[NodeTopology, "TopoIndex"]] = {}
 _BY_CONTENT: dict[tuple, "TopoIndex"] = {}
 _MAX_IDS = 20_000
@@ -31,6 +36,7 @@ class TopoIndex:
     levels: list[tuple]  # level number -> Link.rank tuple
     bw: list[list[int]]  # milli-GB/s, per direction
     direct: list[list[bool]]
+    pcie: list[list[int]]  # PCIE_PATH_SCORE of the pair's PCIe path (0 unknown)
     numa: list[int | None]
     nic_near: list[bool]
     failed: frozenset[int]  # positions
@@ -92,6 +98,7 @@ def _build(topo: NodeTopology, key: int) -> TopoIndex:
     level = [[0] * n for _ in range(n)]
     bw = [[0] * n for _ in range(n)]
     direct = [[False] * n for _ in range(n)]
+    pcie = [[0] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):
             a, b = indices[i], indices[j]
@@ -102,6 +109,7 @@ def _build(topo: NodeTopology, key: int) -> TopoIndex:
             level[i][j] = level[j][i] = lvl
             bw[i][j] = bw[j][i] = mbw
             direct[i][j] = direct[j][i] = dr
+            pcie[i][j] = pcie[j][i] = PCIE_PATH_SCORE.get(link.pcie, 0) if link is not None else 0
     devs = {d.index: d for d in topo.devices}
     numa = [devs[d].numa_node for d in indices]
     near = [False] * n
@@ -112,4 +120,4 @@ def _build(topo: NodeTopology, key: int) -> TopoIndex:
             if cls in _NEAR_NIC and d in pos:
                 near[pos[d]] = True
     failed = frozenset(pos[d] for d in indices if devs[d].health == "failed")
-    return TopoIndex(topo, key, indices, pos, frozenset(indices), level, levels, bw, direct, numa, near, failed)
+    return TopoIndex(topo, key, indices, pos, frozenset(indices), level, levels, bw, direct, pcie, numa, near, failed)

@@ -4,22 +4,30 @@ Per topology (built once, ~0.1 s for 16 devices, kept in the topology index):
 
 * ``key[m]`` for every device subset ``m`` (a bitmask over positions): criteria
   1-3 packed in one int -- weakest-link level, total pair bandwidth
-  (milli-GB/s), number of NUMA nodes -- so that a larger int is a better set.
-  Each entry is computed in O(1) from ``m`` without its lowest device, using
-  per-device row minima / row sums over 8-bit halves of the mask.
+  (milli-GB/s), number of NUMA nodes -- and, lowest, the PCIe-path score under
+  the links (criterion 5, summed :data:`~._index.PCIE_PATH_SCORE`), so that a
+  larger int is a better set. Tied sets are those equal above the PCIe field
+  (criterion 4 decides among them before the PCIe paths do). Each entry is computed in O(1) from ``m`` without its
+  lowest device, using per-device row minima / row sums over 8-bit halves of
+  the mask.
 * ``direct[m]``: every pair of ``m`` directly linked (NVLink/xGMI/NeuronLink).
 * per set size ``k`` (lazily): all k-subsets sorted best first (ties in
   lexicographic order of their positions), and where each tie group ends.
+* (lazily, for criterion 4) per size ``s``: a bitset over all masks, bit ``R``
+  set when ``R`` contains an *s-group*: an s-set as good as the idle node's best
+  s-set on weakest link and NUMA nodes (criteria 1 and 3). Built from the
+  members by superset closure with big-int shifts (``n`` shifts per size).
 
-A query (free mask ``F``, size ``k``, constraints) is exact for criteria 1-3:
+A query (free mask ``F``, size ``k``, required mask ``Q``, constraints) is
+exact for criteria 1-3:
 
-* scan the sorted k-subsets and take the first one inside ``F`` that meets the
-  constraints (any earlier set is not inside ``F`` or fails them, so nothing
-  better exists); its tie group gives the tied sets (up to ``cap``; the whole
-  group when ``nic`` must break the tie). The scan stops after
-  ``4 * C(f, k) + 32`` sets, and then
-* enumerate the ``C(f, k)`` subsets of ``F`` directly (few, since the scan only
-  runs long when ``F`` holds few sets).
+* scan the sorted k-subsets and take the first one inside ``F`` that holds
+  ``Q`` and meets the constraints (any earlier set is not inside ``F`` or fails
+  them, so nothing better exists); its tie group gives the tied sets (up to
+  ``cap``, or all of them with ``cap=None``; the whole group when ``nic`` must
+  break the tie). The scan stops after ``4 * C(f - q, k - q) + 32`` sets, and then
+* enumerate the ``C(f - q, k - q)`` candidate sets directly (few, since the scan
+  only runs long when ``F`` holds few of them).
 
 So a query costs O(min(scan position, C(f, k))) table reads, with no Python
 objects built per candidate beyond ints.
@@ -34,8 +42,13 @@ from ._index import TopoIndex
 
 #: Nodes of up to this many devices get the tables (2**n entries).
 TABLE_UP_TO = 16
-_BW_SHIFT = 5
-_LVL_SHIFT = 40
+# key layout (low to high): PCIe-path score (10 bits: at most 120 pairs x 5), 31 - NUMA nodes
+# (5 bits), total milli-GB/s (30 bits), weakest-link level.
+_NUMA_SHIFT = 10
+_BW_SHIFT = 15
+_LVL_SHIFT = 45
+_PCIE_MASK = (1 << _NUMA_SHIFT) - 1
+_BW_MASK = (1 << (_LVL_SHIFT - _BW_SHIFT)) - 1
 _RUNNER_SCAN = 512
 
 
@@ -51,9 +64,10 @@ class Table:
         nid = [numa_ids.setdefault(ix.numa[p], len(numa_ids)) for p in range(n)]
         self.nic_mask = sum(1 << p for p in range(n) if ix.nic_near[p])
         dmask = [sum(1 << j for j in range(n) if j != p and ix.direct[p][j]) for p in range(n)]
-        lv, bw = ix.level, ix.bw
+        lv, bw, pc = ix.level, ix.bw, ix.pcie
         inf = top
-        # per device p, per 8-bit half h of the other devices: min level / summed bandwidth to them
+        # per device p, per 8-bit half h of the other devices: min level / summed bandwidth
+        # and summed PCIe-path score (shifted into place) to them
         halves = []
         for p in range(n):
             per = []
@@ -66,7 +80,7 @@ class Table:
                     r = h ^ low
                     if j < n:
                         mins[h] = min(mins[r], lv[p][j])
-                        sums[h] = sums[r] + bw[p][j]
+                        sums[h] = sums[r] + (bw[p][j] << _BW_SHIFT) + pc[p][j]
                     else:
                         mins[h], sums[h] = mins[r], sums[r]
                 per.append((mins, sums))
@@ -100,14 +114,16 @@ class Table:
                 l, t = top, 0
                 nb[m] = g = 1 << nid[p]
                 direct[m] = 1
-            key[m] = (l << _LVL_SHIFT) | (t << _BW_SHIFT) | (31 - g.bit_count())
-        self.key = key
+            key[m] = (l << _LVL_SHIFT) | t | ((31 - g.bit_count()) << _NUMA_SHIFT)
+        self.key = tuple(key)  # tuples of ints drop out of the garbage collector's scans (lists do not)
         self.direct = direct
         self._sorted: dict[int, tuple[list[int], list[int]]] = {}
         self.quality: dict = {}  # (rest mask, size) -> criterion-4 packing quality
+        self._groups: dict[int, list[tuple[int, bytes]]] = {}  # usable mask -> [(size, bitset bytes)]
+        self.group_bits: dict = {}  # (usable mask, rest mask) -> criterion-4 group bits
 
     def sorted_sets(self, k: int) -> tuple[list[int], list[int]]:
-        """(all k-subsets best first, index where each one's tie group ends)."""
+        """(all k-subsets best first, index where each one's tie group ends: equal keys above the PCIe field)."""
         got = self._sorted.get(k)
         if got is None:
             n, key = self.n, self.key
@@ -117,17 +133,61 @@ class Table:
             ends = [0] * len(masks)
             end = len(masks)
             for i in range(len(masks) - 1, -1, -1):
-                if i + 1 < len(masks) and key[masks[i]] != key[masks[i + 1]]:
+                if i + 1 < len(masks) and key[masks[i]] >> _NUMA_SHIFT != key[masks[i + 1]] >> _NUMA_SHIFT:
                     end = i + 1
                 ends[i] = end
-            got = self._sorted[k] = (masks, ends)
+            got = self._sorted[k] = (tuple(masks), tuple(ends))
         return got
 
     def decode(self, m: int, nic: bool) -> tuple:
-        """The SearchResult key tuple of set ``m``: (level, milli-GB/s, -NUMA nodes, near NICs)."""
+        """The SearchResult key tuple of set ``m``: (level, milli-GB/s, -NUMA nodes, near NICs, PCIe-path score)."""
         k = self.key[m]
-        return (k >> _LVL_SHIFT, (k >> _BW_SHIFT) & ((1 << (_LVL_SHIFT - _BW_SHIFT)) - 1), (k & 31) - 31,
-                (m & self.nic_mask).bit_count() if nic else 0)
+        return (k >> _LVL_SHIFT, (k >> _BW_SHIFT) & _BW_MASK, ((k >> _NUMA_SHIFT) & 31) - 31,
+                (m & self.nic_mask).bit_count() if nic else 0, k & _PCIE_MASK)
+
+    def groups(self, usable: int) -> list[tuple[int, bytes]]:
+        """Criterion 4's s-groups: ``[(s, bitset)]``, bit ``R`` of ``bitset`` set when mask ``R`` holds an s-group.
+
+        An s-group is an s-subset of ``usable`` whose weakest link and NUMA count equal
+        the best an s-subset of ``usable`` reaches (criterion 1, then 3). Sizes at which
+        every s-subset qualifies are left out (they tell no remainder from another).
+        Built once per usable mask: one pass over the subsets, then a superset closure
+        per size by big-int shifts.
+        """
+        got = self._groups.get(usable)
+        if got is not None:
+            return got
+        n, key = self.n, self.key
+        best = [-1] * (n + 1)
+        total = [0] * (n + 1)
+        subs = list(_submasks(usable))
+        for m in subs:
+            k = key[m]
+            v = ((k >> _LVL_SHIFT) << 5) | ((k >> _NUMA_SHIFT) & 31)
+            c = m.bit_count()
+            total[c] += 1
+            if v > best[c]:
+                best[c] = v
+        nbytes = max(1, (1 << n) // 8)
+        arrays = {c: bytearray(nbytes) for c in range(2, n)}
+        count = [0] * (n + 1)
+        for m in subs:
+            c = m.bit_count()
+            if 2 <= c < n:
+                k = key[m]
+                if ((k >> _LVL_SHIFT) << 5) | ((k >> _NUMA_SHIFT) & 31) == best[c]:
+                    arrays[c][m >> 3] |= 1 << (m & 7)
+                    count[c] += 1
+        out = []
+        for c in range(n - 1, 1, -1):
+            if count[c] == 0 or count[c] == total[c]:
+                continue
+            f = int.from_bytes(arrays[c], "little")
+            for i in range(n):
+                f |= (f & _clear_pattern(n, i)) << (1 << i)
+            out.append((c, f.to_bytes(nbytes, "little")))
+        self._groups[usable] = out
+        return out
 
 
 def table_of(ix: TopoIndex) -> Table | None:
@@ -140,46 +200,99 @@ def table_of(ix: TopoIndex) -> Table | None:
     return tb
 
 
-def _ok(tb: Table, m: int, nvlink: bool, nic: bool, same_numa: bool) -> bool:
+def _submasks(mask: int):
+    """Every non-empty subset of ``mask`` (all of range(1, 2**n) when ``mask`` is full)."""
+    if mask & (mask + 1) == 0:
+        yield from range(1, mask + 1)
+        return
+    m = mask
+    while m:
+        yield m
+        m = (m - 1) & mask
+
+
+_CLEAR: dict = {}
+
+
+def _clear_pattern(n: int, i: int) -> int:
+    """The bitset over masks ``0 .. 2**n - 1`` of those with bit ``i`` clear. Cached."""
+    got = _CLEAR.get((n, i))
+    if got is None:
+        step = 1 << i
+        p = (1 << step) - 1
+        length = 2 * step
+        while length < (1 << n):
+            p |= p << length
+            length *= 2
+        got = _CLEAR[(n, i)] = p
+    return got
+
+
+def _ok(tb: Table, m: int, nvlink: bool, nic: bool, same_numa: bool, req: int = 0) -> bool:
+    if m & req != req:
+        return False
     if nvlink and not tb.direct[m]:
         return False
-    if same_numa and (tb.key[m] & 31) != 30:
+    if same_numa and ((tb.key[m] >> _NUMA_SHIFT) & 31) != 30:
         return False
     return not nic or bool(m & tb.nic_mask)
 
 
 def best(tb: Table, free: int, k: int, nvlink: bool = False, nic: bool = False, same_numa: bool = False,
-         cap: int = 12):
-    """Exact best k-sets inside ``free``: a :class:`~.search.SearchResult` or None (see module docstring)."""
+         cap: int | None = 12, req: int = 0, coarse: bool = False):
+    """Exact best k-sets inside ``free`` that contain ``req``: a :class:`~.search.SearchResult` or None.
+
+    ``cap`` bounds the tied sets returned (None: all of them). With ``coarse``, the
+    tied sets are all those equal to the best on criteria 1-2 only (weakest link and
+    total bandwidth; ``nic`` then filters but does not rank), in key order.
+    See the module docstring.
+    """
     from .search import SearchResult
 
     f = free.bit_count()
-    if k < 1 or f < k:
+    q = req.bit_count()
+    if k < 1 or f < k or req & ~free or q > k:
         return None
-    constrained = nvlink or nic or same_numa
+    constrained = bool(nvlink or nic or same_numa or req)
     nic_mask = tb.nic_mask
-    if f == k:
-        if constrained and not _ok(tb, free, nvlink, nic, same_numa):
+    if f == k or q == k:
+        m = free if f == k else req
+        if constrained and not _ok(tb, m, nvlink, nic, same_numa, req):
             return None
-        return SearchResult(tb.decode(free, nic), [free])
+        return SearchResult(tb.decode(m, nic), [m])
     masks, ends = tb.sorted_sets(k)
-    total = comb(f, k)
+    total = comb(f - q, k - q)
     limit = 4 * total + 32
     outside = tb.full & ~free
     hit = -1
     for i, m in enumerate(islice(masks, limit)):
-        if not m & outside and (not constrained or _ok(tb, m, nvlink, nic, same_numa)):
+        if not m & outside and (not constrained or _ok(tb, m, nvlink, nic, same_numa, req)):
             hit = i
             break
     if hit < 0:
         if limit >= len(masks):
             return None
-        return _enumerate(tb, free, k, nvlink, nic, same_numa, cap)
+        return _enumerate(tb, free, k, nvlink, nic, same_numa, cap, req, coarse)
+    if coarse:
+        top = tb.key[masks[hit]] >> _BW_SHIFT
+        room = len(masks) if cap is None else cap
+        ties = []
+        for m in islice(masks, hit, None):
+            if tb.key[m] >> _BW_SHIFT != top:
+                break
+            if not m & outside and (not constrained or _ok(tb, m, nvlink, nic, same_numa, req)):
+                ties.append(m)
+                if len(ties) >= room:
+                    break
+        res = SearchResult(tb.decode(ties[0], nic), ties)
+        res.expansions = hit + 1
+        return res
     end = ends[hit]
     ties: list[int] = []
     best_nic = -1
+    room = len(masks) if cap is None else cap
     for m in islice(masks, hit, end):
-        if m & outside or (constrained and not _ok(tb, m, nvlink, nic, same_numa)):
+        if m & outside or (constrained and not _ok(tb, m, nvlink, nic, same_numa, req)):
             continue
         if nic:
             c = (m & nic_mask).bit_count()
@@ -188,13 +301,13 @@ def best(tb: Table, free: int, k: int, nvlink: bool = False, nic: bool = False, 
                 continue
             if c < best_nic:
                 continue
-        if len(ties) < cap:
+        if len(ties) < room:
             ties.append(m)
         elif not nic:
             break
     runners = []
     for m in islice(masks, end, end + _RUNNER_SCAN):
-        if not m & outside and (not constrained or _ok(tb, m, nvlink, nic, same_numa)):
+        if not m & outside and (not constrained or _ok(tb, m, nvlink, nic, same_numa, req)):
             runners.append((tb.decode(m, nic), m))
             if len(runners) >= 3:
                 break
@@ -202,33 +315,61 @@ def best(tb: Table, free: int, k: int, nvlink: bool = False, nic: bool = False, 
         runners.sort(reverse=True)
     res = SearchResult(tb.decode(ties[0], nic), ties, runners)
     res.expansions = hit + 1
+    res.hit = hit
     return res
 
 
-def _enumerate(tb: Table, free: int, k: int, nvlink: bool, nic: bool, same_numa: bool, cap: int):
+def _enumerate(tb: Table, free: int, k: int, nvlink: bool, nic: bool, same_numa: bool, cap: int | None,
+               req: int = 0, coarse: bool = False):
     from .search import SearchResult
 
     key = tb.key
-    bits = [1 << p for p in range(tb.n) if free >> p & 1]
+    bits = [1 << p for p in range(tb.n) if (free & ~req) >> p & 1]
     constrained = nvlink or nic or same_numa
     scored = []
     nic_mask = tb.nic_mask
-    for c in combinations(bits, k):
-        m = sum(c)
+    for c in combinations(bits, k - req.bit_count()):
+        m = sum(c) | req
         if constrained and not _ok(tb, m, nvlink, nic, same_numa):
             continue
         s = key[m]
-        if nic:
-            s = (s << 5) | (m & nic_mask).bit_count()
+        # compare on (criteria 1-3, NICs), the PCIe field below them
+        s = ((((s >> _NUMA_SHIFT) << 5) | ((m & nic_mask).bit_count() if nic else 0)) << _NUMA_SHIFT) | (s & _PCIE_MASK)
         scored.append((s, m))
     if not scored:
         return None
-    top = max(s for s, _ in scored)
-    ties = [m for s, m in scored if s == top][:cap]
-    rest = sorted((x for x in scored if x[0] != top), key=lambda x: x[0], reverse=True)[:3]
+    if coarse:
+        shift = _BW_SHIFT + 5
+        scored.sort(key=lambda x: (x[0], -x[1]), reverse=True)
+        top = scored[0][0] >> shift
+        ties = [m for s, m in scored if s >> shift == top][:cap]
+        return SearchResult(tb.decode(ties[0], nic), ties)
+    top = max(s >> _NUMA_SHIFT for s, _ in scored)
+    scored.sort(key=lambda x: (x[0], -x[1]), reverse=True)
+    ties = [m for s, m in scored if s >> _NUMA_SHIFT == top][:cap]
+    rest = [x for x in scored if x[0] >> _NUMA_SHIFT != top][:3]
     res = SearchResult(tb.decode(ties[0], nic), ties, [(tb.decode(m, nic), m) for _, m in rest])
     res.expansions = len(scored)
     return res
+
+
+def group_bits(tb: Table, usable: int, rest: int) -> int:
+    """Criterion 4a of the remainder ``rest``: bit ``s`` set when it still holds an s-group (see :meth:`Table.groups`).
+
+    Compared as an int, larger groups count first. Cached per (usable, rest).
+    """
+    ck = (usable, rest)
+    got = tb.group_bits.get(ck)
+    if got is None:
+        got = 0
+        byte, bit = rest >> 3, rest & 7
+        for s, bs in tb.groups(usable):
+            if bs[byte] >> bit & 1:
+                got |= 1 << s
+        if len(tb.group_bits) > 200_000:
+            tb.group_bits.clear()
+        tb.group_bits[ck] = got
+    return got
 
 
 def pack_quality(tb: Table, rest: int, k: int) -> tuple[int, int]:
@@ -246,7 +387,7 @@ def pack_quality(tb: Table, rest: int, k: int) -> tuple[int, int]:
             if not m & ~r:
                 kk = tb.key[m]
                 lv += kk >> _LVL_SHIFT
-                bw += (kk >> _BW_SHIFT) & ((1 << (_LVL_SHIFT - _BW_SHIFT)) - 1)
+                bw += (kk >> _BW_SHIFT) & _BW_MASK
                 r &= ~m
                 if r.bit_count() < need:
                     break
@@ -260,7 +401,7 @@ def pack_quality(tb: Table, rest: int, k: int) -> tuple[int, int]:
             m = res.sets[0]
         kk = tb.key[m]
         lv += kk >> _LVL_SHIFT
-        bw += (kk >> _BW_SHIFT) & ((1 << (_LVL_SHIFT - _BW_SHIFT)) - 1)
+        bw += (kk >> _BW_SHIFT) & _BW_MASK
         r &= ~m
     if len(tb.quality) > 200_000:
         tb.quality.clear()

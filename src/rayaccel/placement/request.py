@@ -26,6 +26,15 @@ class Request:
           packing, never oversubscribing (``gpus`` 0 or 1).
         * ``gpu_memory=X, exclusive=True``: ``gpus`` whole devices each with at
           least ``X`` bytes of memory.
+        * ``required=(4, 5)`` (whole devices only): the chosen set contains devices
+          4 and 5, or the answer is a :class:`~rayaccel.placement.Rejection` saying
+          which of them is busy or why no set with them meets the request (as
+          go-gpuallocator's ``Allocate(available, required, size)``).
+        * ``near=(3,)`` (whole devices only, a soft preference): data already sits on
+          device 3 of the node, so among sets tied on criteria 1-3 the one with the
+          lowest modeled cost of bringing that data to the set
+          (:func:`rayaccel.transfer.locality_cost`, 1 GiB per near device) wins, before
+          fragmentation. With ``near_node``, the cluster placer also prefers that node.
 
     Attributes:
         gpus: number of whole devices (0 only with ``mig`` or shared ``gpu_memory``).
@@ -38,6 +47,19 @@ class Request:
         model: only devices whose model contains this text (case-insensitive), or None.
         nic: a GPUDirect-capable (RDMA) NIC with a PIX/PXB path to the set is required.
         exclusive: whole devices (True) or sharing by memory (False).
+        required: device indices (on the node being placed on) the set must contain;
+            given as any iterable of ints, stored as a sorted tuple. At most ``gpus``,
+            no duplicates. A required index the node lacks raises
+            :class:`~rayaccel.errors.RequestError` when placing; a required device that
+            is busy, failed or otherwise not eligible gives a Rejection.
+        near: device indices holding the task's input data (sorted tuple, no
+            duplicates; busy devices allowed: the data stays where it is). A soft
+            preference, see above; indices the node lacks raise RequestError.
+        near_node: the node id holding the ``near`` devices, or None for "the node
+            being placed on". :func:`~rayaccel.placement.place` ranks that node first
+            among nodes that offer their type's best interconnect (for one device: among
+            all nodes); on the other nodes ``near`` is ignored (the data crosses nodes
+            whichever device is chosen).
 
     Raises:
         RequestError: on construction, naming the bad field and the allowed values.
@@ -52,6 +74,9 @@ class Request:
     model: str | None = None
     nic: bool = False
     exclusive: bool = True
+    required: tuple[int, ...] = ()
+    near: tuple[int, ...] = ()
+    near_node: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int):
@@ -88,6 +113,20 @@ class Request:
         if (self.interconnect != "any" or self.same_numa or self.nic) and self.kind != "devices":
             raise RequestError("only applies to whole-device requests", "interconnect" if self.interconnect != "any"
                                else ("same_numa" if self.same_numa else "nic"), "its default with mig or shared memory")
+        for name in ("required", "near"):
+            object.__setattr__(self, name, _index_tuple(getattr(self, name), name))
+        if self.near_node is not None and (not isinstance(self.near_node, str) or not self.near_node.strip()):
+            raise RequestError(f"expected a node id (non-empty string) or None, got {self.near_node!r}", "near_node",
+                               "a node id or None")
+        if (self.required or self.near or self.near_node is not None) and self.kind != "devices":
+            name = "required" if self.required else ("near" if self.near else "near_node")
+            raise RequestError("only applies to whole-device requests", name, "() with mig or shared memory")
+        if self.near_node is not None and not self.near:
+            raise RequestError("names the node holding the near devices, but near is empty", "near_node",
+                               "None, or near=(device indices on that node,)")
+        if len(self.required) > self.gpus:
+            raise RequestError(f"{len(self.required)} devices required but gpus={self.gpus}", "required",
+                               f"at most gpus={self.gpus} indices (or raise gpus)")
 
     @property
     def kind(self) -> str:
@@ -120,11 +159,39 @@ class Request:
             parts.append(f"vendor {self.vendor}")
         if self.model:
             parts.append(f"model ~{self.model!r}")
+        if self.required:
+            parts.append("with " + ", ".join(map(str, self.required)))
+        if self.near:
+            parts.append("near " + ", ".join(map(str, self.near)) + (f" on {self.near_node}" if self.near_node else ""))
         return ", ".join(parts)
+
+
+def _index_tuple(values, name: str) -> tuple[int, ...]:
+    """``values`` (ints, any iterable) as a sorted tuple; RequestError on non-ints, negatives or duplicates."""
+    if isinstance(values, tuple) and all(type(v) is int and v >= 0 for v in values) and \
+            all(values[i] < values[i + 1] for i in range(len(values) - 1)):
+        return values
+    if isinstance(values, (str, bytes)) or isinstance(values, int):
+        raise RequestError(f"expected device indices (a tuple of ints), got {values!r}", name, "e.g. (4, 5)")
+    try:
+        items = list(values)
+    except TypeError:
+        raise RequestError(f"expected device indices (a tuple of ints), got {values!r}", name, "e.g. (4, 5)") from None
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise RequestError(f"expected device indices (ints >= 0), got {v!r}", name, "e.g. (4, 5)")
+    seen: set[int] = set()
+    dups = sorted({v for v in items if v in seen or seen.add(v)})  # type: ignore[func-returns-value]
+    if dups:
+        raise RequestError(f"device {dups[0]} named twice", name, "each device index once")
+    return tuple(sorted(items))
 
 
 def make_request(request: Request | None = None, **fields) -> Request:
     """``request`` as is, or a :class:`Request` built from ``fields`` (not both).
+
+    With ``required`` and no ``gpus`` among the fields (whole devices), ``gpus`` is
+    the number of required devices: ``plan(t, required=(4, 5))`` asks for 4 and 5.
 
     Raises:
         RequestError: both given, an unknown field, or a bad value.
@@ -139,4 +206,8 @@ def make_request(request: Request | None = None, **fields) -> Request:
     unknown = sorted(set(fields) - allowed)
     if unknown:
         raise RequestError(f"unknown field {unknown[0]!r}", unknown[0], ", ".join(sorted(allowed)))
+    req = fields.get("required")
+    if req and "gpus" not in fields and not fields.get("mig") and fields.get("gpu_memory") is None \
+            and isinstance(req, (tuple, list, set, frozenset)):
+        fields = {**fields, "gpus": len(req)}
     return Request(**fields)

@@ -19,9 +19,11 @@ class Score:
         weakest_rank: :attr:`Link.rank` of that pair, None for one device.
         total_bandwidth_gbps: sum of modeled per-direction bandwidth over all pairs.
         numa_nodes: distinct NUMA nodes spanned.
+        pcie_score: criterion 5, the PCIe paths under the links summed over pairs
+            (PIX 5, PXB 4, PHB 3, NODE 2, SYS 1, unknown 0; higher is closer).
         nic_near: devices with an RDMA NIC at PIX/PXB (counted only when the request asks for a NIC).
         free_quality: criterion 4, how well-connected what is left stays (higher is better;
-            see :mod:`rayaccel.placement.node`), or None when not computed.
+            see :mod:`rayaccel.placement._tiebreak`), or None when not computed.
         allreduce_bandwidth_gbps: modeled ring all-reduce bottleneck, GB/s (0 for one device;
             None for runners-up, where it is not computed).
         optimal: True when criteria 1-2 are proven optimal among the free devices.
@@ -37,11 +39,12 @@ class Score:
     allreduce_bandwidth_gbps: float | None = 0.0
     optimal: bool = True
     bound_gbps: float | None = None
+    pcie_score: int = 0
 
     def key(self) -> tuple:
-        """Sort key over criteria 1-3 (higher is better); comparable across nodes."""
+        """Sort key: criteria 1-3 (weakest link, bandwidth, -NUMA, NICs), then the PCIe paths; higher is better."""
         rank = self.weakest_rank if self.weakest_rank is not None else (99, 0.0)
-        return (rank, round(self.total_bandwidth_gbps, 3), -self.numa_nodes, self.nic_near)
+        return (rank, round(self.total_bandwidth_gbps, 3), -self.numa_nodes, self.nic_near, self.pcie_score)
 
     def describe(self) -> str:
         """One line: weakest link, total bandwidth, NUMA nodes."""
@@ -49,6 +52,8 @@ class Score:
             head = "one device"
         else:
             head = f"weakest link {self.weakest}, total pair bandwidth {self.total_bandwidth_gbps:g} GB/s"
+            if self.pcie_score:
+                head += f", PCIe-path score {self.pcie_score}"
         out = f"{head}, {self.numa_nodes} NUMA node{'s' if self.numa_nodes != 1 else ''}"
         if self.nic_near:
             out += f", {self.nic_near} near an RDMA NIC"
@@ -68,7 +73,13 @@ class Allocation:
         node: the node id (set by the cluster placer), or None.
         score: the :class:`Score` of the set. request: what was asked.
         runners_up: ``(devices, Score)`` of the next best sets seen, best first.
-        why: sentences on how the choice was made (tie-breaks included).
+        why: sentences on how the choice was made; for whole devices the first one is
+            ``"decided by: ..."``, naming the criterion that decided (the first in order that
+            set the chosen set apart from a set tied with it so far); ``"then: ..."`` lines
+            follow when later criteria chose among the sets that one left.
+        decided_by: that criterion for whole devices: ``"criterion 1"``, ``"criterion 2"``,
+            ``"near"``, ``"criterion 3"``, ``"criterion 4"``, ``"criterion 5"`` (PCIe paths),
+            ``"tie: lowest indices"`` or ``"only set"``; None for MIG / shared memory.
     """
 
     devices: tuple[int, ...]
@@ -79,6 +90,7 @@ class Allocation:
     node: str | None = None
     runners_up: tuple[tuple[tuple[int, ...], Score], ...] = ()
     why: tuple[str, ...] = ()
+    decided_by: str | None = None
 
     def __bool__(self) -> bool:
         return True

@@ -33,6 +33,7 @@ class NodeState:
     memory_used: Mapping[int, int] = field(default_factory=dict)
     node_id: str | None = None
     _key: tuple | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+    _kid: int = field(default=0, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.topology, NodeTopology):
@@ -66,7 +67,15 @@ class NodeState:
                 mask |= 1 << ix.pos[d]
             k = (ix.key, mask, tuple(sorted(self.memory_used.items())), self.busy_partitions)
             object.__setattr__(self, "_key", k)
+            object.__setattr__(self, "_kid", _key_id(k))
         return k
+
+    def key_id(self) -> int:
+        """A small int standing for :attr:`key` (equal keys, equal ids, within a process): cheap to hash.
+
+        Ids are never reused, so a cache keyed by them stays correct when the id table is reset.
+        """
+        return self._kid or (self.key and self._kid)
 
     def taken(self) -> frozenset[int]:
         """Devices not free for exclusive use: busy, with shared reservations, or with busy MIG instances."""
@@ -79,6 +88,21 @@ class NodeState:
     def with_busy(self, devices: Iterable[int]) -> "NodeState":
         """A copy with ``devices`` also held whole."""
         return NodeState(self.topology, self.busy | frozenset(devices), self.busy_partitions, self.memory_used, self.node_id)
+
+
+_IDS: dict[tuple, int] = {}
+_NEXT_ID = [1]
+_MAX_IDS = 500_000
+
+
+def _key_id(key: tuple) -> int:
+    got = _IDS.get(key)
+    if got is None:
+        if len(_IDS) >= _MAX_IDS:
+            _IDS.clear()
+        got = _IDS[key] = _NEXT_ID[0]
+        _NEXT_ID[0] += 1
+    return got
 
 
 def as_state(topology_or_state: NodeTopology | NodeState, busy: Iterable[int] = ()) -> NodeState:

@@ -5,7 +5,8 @@ Supported (auto-detected; several may appear in one text)::
     nvidia-smi topo -m | --matrix | -mp     nvsmi_topo   links, NICs, CPU/NUMA affinity
     nvidia-smi -L                           nvsmi_list   models, UUIDs, MIG devices
     nvidia-smi mig -lgip | -lgipp | -lgi    mig          MIG profiles, placements, GPU instances
-    rocm-smi --showtopo                     rocm         xGMI/PCIe links, NUMA nodes
+    rocm-smi --showtopo | --showtoponuma    rocm         xGMI/PCIe links, NUMA nodes (every NUMA-line form)
+    rocm-smi --json                         rocm         NUMA nodes, PCI bus, VRAM per card
     amd-smi topology                        amdsmi       xGMI/PCIe links, PCI bus ids
     neuron-ls [--topology]                  neuron       devices, NeuronLink neighbours
     hl-smi topo -c -N                       hlsmi        Gaudi CPU/NUMA affinity (no links)
@@ -39,6 +40,7 @@ __all__ = ["FORMATS", "ImportResult", "import_captures", "looks_like_capture", "
 
 #: (name, detect(lines) -> bool, parse(lines, path) -> [Fragment]) in detection order.
 FORMATS: tuple[tuple[str, Callable[[list[Line]], bool], Callable[[list[Line], str], list[Fragment]]], ...] = (
+    ("rocm-smi --json", rocm.detect_json, rocm.parse_json),
     ("rocm-smi --showtopo", rocm.detect, rocm.parse),
     ("amd-smi topology", amdsmi.detect, amdsmi.parse),
     ("neuron-ls", neuron.detect, neuron.parse),

@@ -12,7 +12,9 @@ Rules:
   same pair from ``topo -mp`` gives ``nvlink`` with ``pcie`` set. Two
   different PCIe classes or lane counts: the first is kept, with a warning.
 * MIG: profiles from ``-lgip`` rows, exact placements from ``-lgipp`` (or
-  inferred, with a warning); partitions from ``-lgi`` (GI ids, placement) and
+  inferred, with a warning); ``-lgipp`` alone gives profiles named by the GPU's
+  model (``-L``) through the catalog, or ``#<id>`` (with a warning); partitions
+  from ``-lgi`` (GI ids, placement) and
   ``nvidia-smi -L`` (UUIDs), paired by profile in order of appearance. A
   partition's memory, SMs and size are filled from its profile when known.
 * Captures naming two different hosts are not one machine: CaptureError.
@@ -26,7 +28,7 @@ from typing import Any, Sequence
 from ...errors import CaptureError, TopologyError
 from ...topology import Device, Link, Nic, NodeTopology, Partition
 from ._base import Fragment
-from .mig import build_profiles
+from .mig import build_profiles, placement_profiles
 
 _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _MERGED = {"index", "partitions", "mig_profiles", "mig_mode", "_mig_rows"}
@@ -52,8 +54,11 @@ def combine(frags: Sequence[Fragment], *, name: str | None, sources: tuple[str, 
     parts: dict[int, list[list[Partition]]] = {}
     rows: dict[int, tuple[list[tuple], str]] = {}
     placements: dict[tuple[int, int], tuple] = {}
+    placed_by: dict[int, str] = {}
     for f in frags:
         placements.update({k: v for k, v in f.placements.items() if k not in placements})
+        for g, _ in f.placements:
+            placed_by.setdefault(g, f.path)
         for idx, d in sorted(f.devices.items()):
             out = devices.setdefault(idx, {"index": idx})
             for key, val in d.items():
@@ -93,14 +98,13 @@ def combine(frags: Sequence[Fragment], *, name: str | None, sources: tuple[str, 
                 warnings.append(f"{rows[idx][1]}: GPU {idx}: `mig -lgip` has no placements; inferred a "
                                 f"conservative subset for {', '.join(inferred)} "
                                 "(import `nvidia-smi mig -lgipp` too for the exact ones)")
+        elif idx in placed_by:
+            profiles, note = placement_profiles(idx, placements, d.get("model"))
+            warnings.append(f"{placed_by[idx]}: {note}")
         partitions = _merge_partitions(idx, parts.get(idx, []), warnings)
         partitions = tuple(_fill_partition(p, profiles) for p in partitions)
         d = {k: v for k, v in d.items() if k in _DEVICE_FIELDS}
         built.append(Device(**{**d, "partitions": partitions, "mig_profiles": profiles}))
-    stray = sorted({g for g, _ in placements} - set(rows))
-    if stray:
-        warnings.append(f"`mig -lgipp` placements for GPU {', '.join(map(str, stray))} skipped: no `mig -lgip` "
-                        "table names those profiles (import both)")
 
     if any(f.pcie_only for f in frags) and not any(l.direct for f in frags for l in f.links.values()):
         mp = next(f for f in frags if f.pcie_only)

@@ -10,7 +10,12 @@
   one on A100/H100/H200/A30; some valid starts are missed (``+me`` profiles).
 * ``-lgipp`` placement lines ``GPU 0 Profile ID 19 Placements: {0,...,6}:1``
   give the exact placements and slot size; they override inferred ones when
-  combined with ``-lgip`` (in one text or as separate captures).
+  combined with ``-lgip`` (in one text or as separate captures). ``-lgipp``
+  alone gives per-profile-id placements: the profiles are named from the GPU's
+  model when another capture names it (``nvidia-smi -L``) and the catalog has
+  its MIG table (a catalog profile with that id *and* that slot size), else
+  kept under the name ``#<id>`` (which no request names) with a warning; see
+  :func:`placement_profiles`.
 * ``-lgi`` (GPU instances): one :class:`Partition` per row with ``gi_id`` and
   ``start``/``size`` (placement ``start:size``).
 * ``-lcip``/``-lci`` (compute instances inside one GPU instance) are rejected
@@ -173,3 +178,59 @@ def build_profiles(gpu: int, rows: list[tuple], placements: dict) -> tuple[tuple
         profiles.append(MigProfile(name=name, id=pid, max_instances=total, memory_mib=mem,
                                    placements=starts, slots=slots, sms=sms))
     return tuple(profiles), inferred
+
+
+def placement_profiles(gpu: int, placements: dict, model: str | None) -> tuple[tuple[MigProfile, ...], str]:
+    """MIG profiles of GPU ``gpu`` from ``-lgipp`` placements alone (no ``-lgip`` table), and a note on naming.
+
+    A placement line that carries its profile name (``... :1  MIG 1g.10gb``) is named by
+    it; else the catalog's MIG table of ``model`` names the profile id when the table
+    has that id with the same slot size (ids are device- and driver-specific, so the
+    size must agree); else the profile is ``#<id>``: its placements are exact, its
+    memory and SMs unknown and its instance count the most non-overlapping placements
+    (an upper bound: ``+me`` profiles allow one).
+    """
+    from ...catalog import mig_table
+    from ...errors import CatalogError
+
+    table: dict[int, MigProfile] = {}
+    if model:
+        try:
+            table = {p.id: p for p in mig_table(model)}
+        except CatalogError:
+            table = {}
+    out: list[MigProfile] = []
+    named, unnamed = [], []
+    for (g, pid), (starts, slots, name) in placements.items():
+        if g != gpu:
+            continue
+        ref = table.get(pid)
+        if ref is not None and ref.slots == slots and (name is None or name == ref.name):
+            out.append(MigProfile(ref.name, pid, ref.max_instances, ref.memory_mib, tuple(starts), slots, ref.sms))
+            named.append(f"{pid}={ref.name}")
+        elif name is not None:
+            out.append(MigProfile(name, pid, _most(starts, slots), None, tuple(starts), slots, None))
+            named.append(f"{pid}={name}")
+        else:
+            out.append(MigProfile(f"#{pid}", pid, _most(starts, slots), None, tuple(starts), slots, None))
+            unnamed.append(pid)
+    if unnamed:
+        note = (f"GPU {gpu}: `mig -lgipp` without `-lgip` names no profile for id(s) {', '.join(map(str, unnamed))}: "
+                f"placements kept as {', '.join(f'#{p}' for p in unnamed)} (memory unknown, instance counts are "
+                "bounds); import `nvidia-smi mig -lgip`, or `nvidia-smi -L` of a GPU model the catalog knows, "
+                "to name them")
+    else:
+        src = f"the catalog's MIG table for {model!r}" if table else "the placement lines"
+        note = f"GPU {gpu}: `mig -lgipp` without `-lgip`: profiles named from {src} by profile id ({', '.join(named)})"
+    return tuple(out), note
+
+
+def _most(starts, slots: int) -> int:
+    """Most non-overlapping placements of ``slots`` slices among ``starts``."""
+    end = -1
+    n = 0
+    for st in sorted(starts):
+        if st > end:
+            n += 1
+            end = st + slots - 1
+    return max(n, 1)
