@@ -234,11 +234,8 @@ def test_rayaccel_topology_environment(value):
             os.environ["RAYACCEL_TOPOLOGY"] = old
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="found by this suite (RAYACCEL_FUZZ=long): discovery/capture/neuron.py turns a memory "
-                          "of '1e400 GB' into float inf and int() overflows; the capture importers are the "
-                          "placement engineer's (see NOTES-issue10.md). Remove this marker once fixed.")
 def test_found_neuron_memory_overflow():
+    """Found by this suite: a memory of 1e400 GB became float inf, then an OverflowError."""
     from rayaccel.discovery.capture import import_captures
 
     text = (CAPTURES_BY_NAME["67_neuron-ls-inf2.48xlarge-12dev-ring.txt"].read_text()
@@ -252,10 +249,8 @@ def test_found_neuron_memory_overflow():
 CAPTURES_BY_NAME = {p.name: p for p in CAPTURES}
 
 
-@pytest.mark.xfail(strict=True, reason="found by this suite (RAYACCEL_FUZZ=long): capture error messages echo a whole "
-                                       "damaged header row (4,500 characters for one long cell); the importers are the "
-                                       "placement engineer's (see NOTES-issue10.md). Remove this marker once fixed.")
 def test_found_capture_errors_echo_long_cells():
+    """Found by this suite: a damaged header row used to be echoed whole (4,500 characters)."""
     from rayaccel.discovery.capture import import_captures
 
     lines = CAPTURES_BY_NAME["68_neuron-ls-trn1.32xlarge-16dev-collapsed-whitespace.txt"].read_text().splitlines()

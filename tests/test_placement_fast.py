@@ -83,11 +83,15 @@ def test_table_search_on_named_machines_every_k_and_busy_state(machine):
             assert best(tb, sum(1 << p for p in free), k).key == _brute(ix, free, k, False, False, False)
 
 
-def test_pack_quality_is_greedy_best_sets():
+def test_pack_quality_packs_pairs_exactly():
     ix = index_of(dgx1v())
     tb = table_of(ix)
-    lv, bw = pack_quality(tb, tb.full, 2)  # 8 free devices -> 4 pairs, each the best pair left
+    lv, bw, nu = pack_quality(tb, tb.full, 2)  # 8 free devices -> 4 pairs
     assert lv >= 4 * min(ix.level[a][b] for a in range(8) for b in range(8) if a != b) and bw > 0
+    # 0 and 3 taken: 1-2, 4-7, 5-6 are three NV2 pairs; greedy best-first could take 6-7 and leave 4-5 (NV1)
+    rest = tb.full & ~((1 << ix.pos[0]) | (1 << ix.pos[3]))
+    nv2 = ix.level[ix.pos[1]][ix.pos[2]]
+    assert pack_quality(tb, rest, 2)[0] == 3 * nv2
 
 
 def _best_ring_key(B, ps):

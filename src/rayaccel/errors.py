@@ -43,6 +43,10 @@ class TopologyError(RayaccelError, ValueError):
         super().__init__(f"{field}: {message}" if field else message)
 
 
+#: Longest capture-error message kept whole; longer ones keep their head and tail.
+MAX_MESSAGE = 600
+
+
 class CaptureError(RayaccelError, ValueError):
     """A text capture could not be imported.
 
@@ -56,6 +60,9 @@ class CaptureError(RayaccelError, ValueError):
         where = path or "<text>"
         if line is not None:
             where += f", line {line}"
+        if len(message) > MAX_MESSAGE:  # a damaged capture must not echo a whole 4,000-character row
+            half = MAX_MESSAGE // 2
+            message = f"{message[:half]}…{message[-half:]}"
         super().__init__(f"{where}: {message}")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from ...errors import RayaccelError
 from ...topology import make_link
 from ._base import Fragment, Line, fail, find_hostname
 
@@ -87,7 +88,12 @@ def parse(lines: list[Line], path: str) -> list[Fragment]:
         mm = _MEM.match(mem)
         mem_bytes = None
         if mm:
-            mem_bytes = int(float(mm.group(1)) * (1 << (30 if mm.group(2).upper() == "G" else 20)))
+            from ...units import parse_bytes
+
+            try:  # exact and bounded (a 400-digit size is an error, not an OverflowError)
+                mem_bytes = parse_bytes(f"{mm.group(1)} {mm.group(2).upper()}iB", "memory")
+            except RayaccelError as e:
+                raise fail(f"MEMORY {mem!r}: {e}", path, ln.no) from None
         info[idx] = (int(cores) if cores.isdigit() else None, mem_bytes)
         bdf = cells[col["BDF"]] if col["BDF"] is not None else None
         frag.device(idx, vendor="aws", memory_bytes=mem_bytes, pci_bus_id=bdf or None)
