@@ -6,36 +6,34 @@ from typing import Optional
 
 import typer
 
-from ._common import console, fail, print_json
+from ._common import console, fail, parse_index_list, print_json, warn_line
 
 
-def _parse_busy(text: str | None, option: str = "--busy", repeats: bool = True) -> set[int]:
-    """Device indices from ``0,3`` / ``4-7``; exits 2 with one line naming ``option`` on bad input.
+def _indices(text: str | None, option: str, known, repeats: bool = True) -> set[int]:
+    """Device indices from ``0,3`` / ``4-7`` (the shared, bounded parser); one error line names ``option``.
 
     ``repeats=False``: naming a device twice is an error (``--required 4,4``).
     """
+    from ..errors import RequestError
+
+    try:
+        return _parse(text, option, known, repeats)
+    except RequestError as e:
+        fail(str(e))
+
+
+def _parse(text: str | None, option: str, known, repeats: bool) -> set[int]:
     if not text:
         return set()
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, _, b = part.partition("-")
-            if not (a.isdigit() and b.isdigit()):
-                fail(f"{option}: cannot read {part!r}; expected device indices like 0,3 or 4-7")
-            if int(a) > int(b):
-                fail(f"{option}: range {part!r} runs backwards; expected low-high like 4-7")
-            got = set(range(int(a), int(b) + 1))
-        elif part.isdigit():
-            got = {int(part)}
-        else:
-            fail(f"{option}: cannot read {part!r}; expected device indices like 0,3 or 4-7")
-        if not repeats and got & out:
-            fail(f"{option}: device {min(got & out)} named twice; name each device once")
-        out |= got
-    return out
+    if not repeats:
+        seen: set[int] = set()
+        for part in text.split(","):
+            got = parse_index_list(part, option, known=known) if part.strip() else set()
+            if got & seen:
+                fail(f"{option}: device {min(got & seen)} named twice; name each device once")
+            seen |= got
+        return seen
+    return parse_index_list(text, option, known=known)
 
 
 def plan_cmd(
@@ -53,23 +51,25 @@ def plan_cmd(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Show the best devices for a request on a machine, and why (or why not)."""
-    from ..discovery.load import load_topology
+    from ..discovery.load import load_topology_with_warnings
     from ..placement import plan
 
-    topo = load_topology(topology)
+    topo, warnings = load_topology_with_warnings(topology)
+    for w in warnings:
+        warn_line(w)
     fields = dict(mig=mig, gpu_memory=gpu_memory, interconnect=interconnect, same_numa=same_numa, nic=nic,
                   exclusive=not shared)
     if required:
-        fields["required"] = tuple(sorted(_parse_busy(required, "--required", repeats=False)))
+        fields["required"] = tuple(sorted(_indices(required, "--required", topo.indices, repeats=False)))
     if near:
-        fields["near"] = tuple(sorted(_parse_busy(near, "--near", repeats=False)))
+        fields["near"] = tuple(sorted(_indices(near, "--near", topo.indices, repeats=False)))
     if gpus is not None:
         fields["gpus"] = gpus
     elif mig is not None or shared:
         fields["gpus"] = 0
     elif "required" in fields:  # `--required 4,5` alone asks for exactly those devices
         fields["gpus"] = len(fields["required"])
-    busy_set = _parse_busy(busy)
+    busy_set = _indices(busy, "--busy", topo.indices)
     result = plan(topo, busy=busy_set, **fields)
     layout = None
     if not result and mig is not None:
