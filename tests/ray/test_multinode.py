@@ -212,3 +212,36 @@ def test_status_names_holders(cluster):
     assert row["state"] == "busy" and any("Holder" in x for x in row["holders"])
     assert st["unmanaged"] == [] and st["bad"] == []
     ray.kill(h)
+
+
+def test_near_lands_next_to_the_data_and_required_holds(cluster):
+    import numpy as np
+    import ray
+
+    pcie = node_named(cluster, "pcie-8gpu-2socket")
+
+    @rayaccel.remote(gpus=1, model="PCIe")
+    def produce():
+        h = rayaccel.store().put(np.arange(1024, dtype=np.float32))
+        return h, rayaccel.get_devices().indices[0]
+
+    h, where = ray.get(produce.remote())
+
+    @rayaccel.remote(gpus=1)
+    def consume(h):
+        a = rayaccel.get_devices()
+        return a.node_id, a.indices[0], float(rayaccel.store().get(h).sum())
+
+    node, dev, total = ray.get(consume.options(near=h).remote(h))
+    assert node == pcie.node_id and total == float(np.arange(1024).sum())
+    link = pcie.topology.link(min(dev, where), max(dev, where)) if dev != where else None
+    assert dev == where or link.label == "PIX"  # on the data's device or behind the same PCIe switch
+
+    @rayaccel.remote(gpus=2, required=(5,), model="V100")
+    def pinned():
+        return rayaccel.get_devices().indices
+
+    got = ray.get(pinned.remote())
+    assert 5 in got and len(got) == 2
+    with pytest.raises(RequestError):
+        rayaccel.remote(near=object())(lambda: None)

@@ -46,6 +46,7 @@ class SharedObject:
         nbytes: object size. crc32: CRC-32 of the object's bytes (None for CUDA IPC).
         ipc: ``(rebuild_function, args)`` of a CUDA IPC export, or None.
         ref: a Ray ObjectRef of the bytes (cross-node fallback), or None.
+        device: the device index (on ``node_id``) whose store holds the object, or None.
     """
 
     node_id: str
@@ -55,6 +56,7 @@ class SharedObject:
     crc32: int | None
     ipc: tuple | None = None
     ref: Any = None
+    device: int | None = None
 
 
 def local_node_id() -> str:

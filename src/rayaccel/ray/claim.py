@@ -90,14 +90,18 @@ _IDLE: dict = {}
 
 def _idle_fit(n: NodeView, request: Any) -> Any:
     """The request's placement on the node when idle (cached per record and request)."""
-    from ..placement import allocate
+    from ..placement import Rejection, allocate
 
     key = (id(n.record), request)
     hit = _IDLE.get(key)
     if hit is None:
         if len(_IDLE) > 4096:
             _IDLE.clear()
-        hit = _IDLE[key] = allocate(node_state(n, idle=True), request)
+        try:
+            hit = allocate(node_state(n, idle=True), request)
+        except RequestError as e:  # e.g. a required device this node does not have
+            hit = Rejection((str(e),), request)
+        _IDLE[key] = hit
     return hit
 
 

@@ -351,6 +351,12 @@ def refine(request: Any) -> Current | None:
     if ns is None:
         return None
     worker = rp.global_worker()
+    if getattr(request, "near_node", None) is not None:
+        from dataclasses import replace
+
+        here = rp.node_id(worker) == request.near_node
+        # the data's devices matter only on the node that holds them
+        request = replace(request, near=request.near if here else (), near_node=None)
     with _LOCK:
         cur = _CURRENT
         if cur is None:

@@ -30,6 +30,7 @@ so killed workers leave nothing behind once any store starts on the node.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import tempfile
 import threading
@@ -105,6 +106,13 @@ def _export_hook(shared: SharedObject, data: np.ndarray) -> SharedObject:
     """Attach a Ray object-store copy when the handle may travel to another node."""
     import ray
 
+    devices = os.environ.get("RAYACCEL_DEVICES")
+    if devices and shared.device is None:
+        try:
+            first = json.loads(devices)[0]
+            shared = replace(shared, device=int(first))
+        except (ValueError, IndexError, TypeError):
+            pass
     mode = os.environ.get("RAYACCEL_SHARE_VIA_RAY", "auto")
     if mode not in ("auto", "always", "never"):
         raise StoreError(f"RAYACCEL_SHARE_VIA_RAY={mode!r}; use auto, always or never")

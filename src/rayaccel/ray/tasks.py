@@ -30,7 +30,8 @@ from typing import Any, Callable
 from ..errors import RequestError
 
 #: rayaccel's own options; everything else goes to Ray (``num_gpus`` is a synonym of ``gpus``).
-REQUEST_FIELDS = ("gpus", "mig", "gpu_memory", "interconnect", "same_numa", "vendor", "model", "nic", "exclusive")
+REQUEST_FIELDS = ("gpus", "mig", "gpu_memory", "interconnect", "same_numa", "vendor", "model", "nic", "exclusive",
+                  "required", "near")
 _FORBIDDEN = {
     "scheduling_strategy": "rayaccel chooses the node (it soft-pins to the best one)",
     "placement_group": "use rayaccel.gang() for co-scheduled groups (or plain Ray: placement groups are gangs "
@@ -65,7 +66,13 @@ def build_request(fields: dict) -> Any:
     from ..placement import Request
 
     f = {k: v for k, v in fields.items() if v is not None}
+    if "near" in f:
+        f["near"], f["near_node"] = near_devices(f["near"])
+    if "required" in f and not isinstance(f["required"], (tuple, list)):
+        f["required"] = (f["required"],)
     gpus = f.pop("gpus", None)
+    if gpus is None and f.get("required"):
+        gpus = len(f["required"])
     if gpus is None:
         if "mig" in f:
             gpus = 0
@@ -81,7 +88,53 @@ def needs_refine(request: Any) -> bool:
     """True when the request says more than Ray's count (the arbiter must see it at the grant)."""
     return request.kind == "devices" and (request.interconnect != "any" or request.same_numa or request.nic
                                           or request.model is not None or request.vendor is not None
-                                          or request.gpu_memory is not None)
+                                          or request.gpu_memory is not None or bool(request.required)
+                                          or bool(request.near))
+
+
+def near_devices(value: Any) -> tuple[tuple[int, ...], str | None]:
+    """``near=`` as (device indices, Ray node id): where the task's input data already sits.
+
+    Accepts a handle from ``rayaccel.store().put(...)`` (it names its node and device),
+    an :class:`~.worker.Assignment` (``rayaccel.get_devices()`` of the producer), a
+    ``(node_id, device or devices)`` pair, a device index (any node), or a list of those
+    on one node.
+
+    Raises:
+        RequestError: anything else, or data on several nodes.
+    """
+    from ..memory.handle import Handle
+    from .worker import Assignment
+
+    items = value if isinstance(value, list) else [value]
+    nodes: set[str | None] = set()
+    devs: set[int] = set()
+    for v in items:
+        if isinstance(v, Handle):
+            sh = v.shared
+            if sh is None or sh.device is None:
+                raise RequestError("this handle does not say where its object lives (put it from a rayaccel task "
+                                   "or actor, whose store knows its device)", "near")
+            nodes.add(sh.node_id)
+            devs.add(int(sh.device))
+        elif isinstance(v, Assignment):
+            nodes.add(v.node_id)
+            devs.update(v.indices)
+        elif isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):
+            nodes.add(v[0])
+            devs.update((v[1],) if isinstance(v[1], int) else tuple(v[1]))
+        elif isinstance(v, int) and not isinstance(v, bool):
+            nodes.add(None)
+            devs.add(v)
+        else:
+            raise RequestError(f"cannot tell where {type(v).__name__} data lives", "near",
+                               "a store handle, rayaccel.get_devices(), (node_id, device) or a device index")
+    named = {n for n in nodes if n is not None}
+    if len(named) > 1:
+        raise RequestError(f"the data sits on {len(named)} nodes; name the devices of one", "near")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devs):
+        raise RequestError(f"device indices must be ints >= 0, got {sorted(devs, key=str)}", "near")
+    return tuple(sorted(devs)), (named.pop() if named else None)
 
 
 def _validate_ray_options(ray_opts: dict, kind: str) -> None:
