@@ -170,3 +170,21 @@ def test_restarting_rayaccel_machinery_never_reruns_a_task(cluster, tmp_path):
     assert runs == [str(i) for i in range(6)], runs  # exactly one execution each
     wait_for(lambda: agent.handle(dgx.node_key) is not None and
              ray.get(agent.handle(dgx.node_key).ping.remote(), timeout=10) == dgx.node_key, 30, "the agent back")
+
+
+@pytest.mark.parametrize("bad", [
+    {"free": [0], "holders": ["x"]},
+    {"free": [0], "holders": [{"devices": [{"a": 1}]}]},
+    {"free": [0], "drained": {"0": "nope"}},
+    {"free": [0], "shared": {"0": "half"}},
+    {"free": "all"},
+], ids=["holder-not-object", "devices-not-indices", "drain-not-object", "share-not-number", "free-not-list"])
+def test_a_malformed_published_snapshot_degrades_only_its_node(cluster, fresh_view, bad):
+    from rayaccel.ray.kv import parse_state
+    from rayaccel.ray.status import cluster_status
+
+    with pytest.raises(rayaccel.RayaccelError):
+        parse_state(json.dumps(bad).encode(), "abcdef123456")
+    # and status, which prefers the agents' own answers, still renders every node
+    st = cluster_status()
+    assert {n["name"] for n in st["nodes"]} >= {"dgx1-v100", "pcie-8gpu-2socket"}

@@ -123,3 +123,14 @@ def test_stop_stops_only_its_own_cluster(two_clusters):
     st = _cli("status", "--address", b["address"], "--json", env=b["env"])
     assert st.returncode == 0, st.stderr[-2000:]
     assert json.loads(st.stdout)["nodes"][0]["node_key"] == b["key"]
+
+
+def test_stop_all_from_the_head_stops_the_cluster(two_clusters):
+    b = two_clusters[1]
+    r = _cli("stop", "--all", "--address", b["address"], env=b["env"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"node {b['key']}: stopped" in r.stdout
+    deadline = time.monotonic() + 20
+    while _alive(b["address"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(b["address"])

@@ -140,6 +140,10 @@ def test_gang_ranks_sit_on_nvlink_pairs(cluster):
             return float(t[0])
 
         assert g.run(allreduce) == [3.0, 3.0]
+        import ray
+
+        host, _ = ray.get(g.workers[0].store_address.remote())
+        assert host not in ("0.0.0.0", "::", "")  # rank 0's store listens on its node's IP only
 
 
 def test_a_plain_driver_that_never_imports_rayaccel_gets_its_devices(cluster):

@@ -58,6 +58,7 @@ class Table:
     def __init__(self, ix: TopoIndex):
         n = ix.n
         self.n = n
+        self.ix = ix
         self.full = (1 << n) - 1
         top = len(ix.levels)
         numa_ids: dict = {}
@@ -372,6 +373,11 @@ def group_bits(tb: Table, usable: int, rest: int) -> int:
     return got
 
 
+#: Pairs are packed exactly (a maximum matching) among at most this many free devices; greedily above
+#: (the matching's cost grows as 2**free: 10 keeps a cold decision well under a millisecond).
+EXACT_PAIRS_UP_TO = 10
+
+
 def _pairs(tb: Table, r: int) -> tuple[int, int, int]:
     """The best packing of ``r`` into disjoint pairs: a maximum matching, exact (memoized per topology).
 
@@ -382,6 +388,12 @@ def _pairs(tb: Table, r: int) -> tuple[int, int, int]:
     memo = tb.quality.setdefault("pairs", {})
     got = memo.get(r)
     if got is not None:
+        return got
+    from ._tiebreak import canonical
+
+    c = canonical(tb.ix, r)  # remainders alike up to the node's symmetries pack alike
+    if c != r:
+        got = memo[r] = _pairs(tb, c)
         return got
     if r.bit_count() < 2:
         got = (0, 0, 0)
@@ -409,15 +421,16 @@ def pack_quality(tb: Table, rest: int, k: int) -> tuple[int, int, int]:
     Returns (sum of levels, sum of milli-GB/s, sum of NUMA scores): the packed sets
     judged by criteria 1, 2 and 3 in turn, like the sets later requests will take (a
     remainder whose best pairs span sockets packs worse than one whose pairs do not).
-    Pairs are packed exactly (:func:`_pairs`, a maximum matching); larger sets greedily,
-    the best set first.
+    Pairs are packed exactly (:func:`_pairs`, a maximum matching) among up to
+    :data:`EXACT_PAIRS_UP_TO` free devices; larger sets, and pairs among more devices,
+    greedily, the best set first.
     """
     s = max(k, 2)
     ck = (rest, s)
     got = tb.quality.get(ck)
     if got is not None:
         return got
-    if s == 2 and tb.n <= 16:
+    if s == 2 and rest.bit_count() <= EXACT_PAIRS_UP_TO:
         got = tb.quality[ck] = _pairs(tb, rest)
         return got
     lv = bw = nu = 0

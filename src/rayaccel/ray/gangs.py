@@ -56,6 +56,11 @@ class _GangWorker:
     def devices(self) -> tuple:
         return self.assignment.indices
 
+    def store_address(self) -> tuple | None:
+        """(host, port) rank 0's rendezvous store listens on (None on other ranks)."""
+        listen = getattr(self, "_listen", None)
+        return listen.getsockname()[:2] if listen is not None else None
+
     def init_dist(self, world: int, addr: str, port: int, backend: str, timeout_s: float) -> int:
         import datetime
         import os

@@ -87,10 +87,45 @@ def parse_state(raw: bytes | None, node_key: str) -> dict | None:
         raise TopologyError("state snapshot nested too deeply", f"node {node_key}") from None
     except ValueError as e:
         raise TopologyError(f"state snapshot is not JSON: {e}", f"node {node_key}") from None
+    where = f"node {node_key}"
     if not isinstance(data, dict) or not isinstance(data.get("free"), list) \
             or not all(isinstance(i, int) and not isinstance(i, bool) for i in data["free"]):
-        raise TopologyError("state snapshot lacks a list of free device indices", f"node {node_key}")
+        raise TopologyError("state snapshot lacks a list of free device indices", where)
+    _check_state(data, where)
     return data
+
+
+def _check_state(data: dict, where: str) -> None:
+    """Every field a reader uses has the type it expects (a damaged or forged snapshot is refused whole)."""
+    def bad(field: str, what: str) -> TopologyError:
+        return TopologyError(f"state snapshot: {field} must be {what}", where)
+
+    holders = data.get("holders", [])
+    if not isinstance(holders, list) or not all(isinstance(h, dict) for h in holders):
+        raise bad("holders", "a list of objects")
+    for h in holders:
+        for key in ("devices", "partitions"):
+            v = h.get(key, [])
+            if not isinstance(v, list) or not all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v):
+                raise bad(f"holders[].{key}", "a list of device indices / instance keys")
+        for key in ("name", "kind", "waiting", "job", "id"):
+            if h.get(key) is not None and not isinstance(h[key], str):
+                raise bad(f"holders[].{key}", "a string")
+        if h.get("pid") is not None and (isinstance(h["pid"], bool) or not isinstance(h["pid"], int)):
+            raise bad("holders[].pid", "an int")
+    drained = data.get("drained", {})
+    if not isinstance(drained, dict) or not all(isinstance(v, dict) for v in drained.values()):
+        raise bad("drained", "an object of objects")
+    shared = data.get("shared", {})
+    if not isinstance(shared, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in shared.values()):
+        raise bad("shared", "an object of numbers")
+    if not isinstance(data.get("mig_held", []), list) or not all(isinstance(x, str) for x in data.get("mig_held", [])):
+        raise bad("mig_held", "a list of strings")
+    for key in ("at", "unhooked_slots", "slots_held"):
+        v = data.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise bad(key, "a number")
 
 
 def fetch_states(node_keys: list[str]) -> dict[str, bytes]:

@@ -36,8 +36,11 @@ def parse_address(address: str) -> tuple[str, int] | None:
     return m.group(1).strip("[]"), int(m.group(2))
 
 
-def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, **kwargs: Any) -> None:
+def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, quiet: bool = True, **kwargs: Any) -> None:
     """``ray.init(address=...)`` as a driver that answers within ``timeout_s`` (SIGTERM ends it at once).
+
+    ``quiet``: Ray's own C++ log lines written while connecting (retries, timeouts) are
+    kept off stderr, so a failure is the one line raised here.
 
     Raises:
         ClusterError: bad or unreachable address, or Ray did not connect in time.
@@ -66,11 +69,23 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, **kwargs: Any) -
     old = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    saved_fd = None
+    if quiet:
+        import sys
+
+        sys.stderr.flush()
+        saved_fd = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
     try:
         t = threading.Thread(target=run, daemon=True, name="rayaccel-connect")
         t.start()
         t.join(timeout_s)
     finally:
+        if saved_fd is not None:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, old)
     if t.is_alive():

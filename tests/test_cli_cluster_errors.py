@@ -1,0 +1,107 @@
+"""Cluster commands given bad input or an address that cannot be reached: one error line, fast.
+
+Only loopback addresses are used: a port nothing listens on, and a port where a
+server accepts connections but never answers (so Ray's connect would wait).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+COMMANDS = (["status"], ["doctor"], ["top", "--once"], ["drain", "abcdef123456:0"], ["undrain", "abcdef123456:0"])
+
+
+def _cli(*args, timeout=60):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "rayaccel.cli", *args], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    return r, time.monotonic() - t0
+
+
+def _one_error(r):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-1500:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-1500:]
+    assert "Traceback" not in r.stderr
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=[c[0] for c in COMMANDS])
+@pytest.mark.parametrize("address", ["not an address", "127.0.0.1:99999", "ray:/x", "h" * 400 + ":1"])
+def test_malformed_address(cmd, address):
+    r, dt = _cli(*cmd, "--address", address)
+    _one_error(r)
+    assert "address" in r.stderr and dt < 10
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_nothing_listens_there(cmd):
+    r, dt = _cli(*cmd, "--address", f"127.0.0.1:{_free_port()}")
+    _one_error(r)
+    assert "cannot reach Ray" in r.stderr and dt < 10
+
+
+def test_a_server_that_never_answers_is_given_up_on_within_10_s():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    port = srv.getsockname()[1]
+    conns = []
+
+    def accept():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            conns.append(c)  # held open, never answered
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        r, dt = _cli("status", "--address", f"127.0.0.1:{port}")
+        _one_error(r)
+        assert dt < 15, dt  # the CLI's own bound is 10 s, plus interpreter start
+    finally:
+        srv.close()
+        for c in conns:
+            c.close()
+
+
+@pytest.mark.parametrize("value", ["[1]", "null", "5", '{"x": -1}', '{"GPU": 2}', '{"rayaccel_node_x": 1}', "{bad",
+                                   '{"x": true}', "[" * 5000 + "]" * 5000])
+def test_start_rejects_bad_resources_before_starting_anything(value):
+    r, _ = _cli("start", "--head", "--topology", "dgx1-v100", f"--resources={value}")
+    _one_error(r)
+    assert "--resources" in r.stderr
+
+
+def test_start_rejects_a_num_gpus_it_does_not_have():
+    r, _ = _cli("start", "--head", "--topology", "dgx1-v100", "--num-gpus=3")
+    _one_error(r)
+    assert "--num-gpus=3" in r.stderr and "8 device(s)" in r.stderr
+
+
+def test_stop_without_any_local_node_says_so():
+    r, _ = _cli("stop", "--node", "abcdef123456")
+    _one_error(r)
+    assert "was started by `rayaccel start` on this machine" in r.stderr
+
+
+def test_version():
+    r, _ = _cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("rayaccel ")
