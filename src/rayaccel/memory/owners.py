@@ -31,6 +31,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from .._proc import start_time as _start_time
 from ..errors import StoreError
 
 SPILL_PREFIX = "rayaccel-"
@@ -42,15 +43,6 @@ _SPILL_RE = re.compile(r"^rayaccel-(\d+)-(\d+)-[0-9a-f]+$")
 _SHM_RE = re.compile(r"^rayaccel_(\d+)-(\d+)_(?:u(\d+)_)?[0-9a-z_]+$")
 
 
-def _start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None (no /proc, or no such process)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[19])
 
 
 def owner_tag(pid: int | None = None) -> str:

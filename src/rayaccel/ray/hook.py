@@ -157,6 +157,7 @@ def _decide(ns: _NodeSide, worker: Any, key: str, sig: tuple, gpu: tuple, mig: t
     from . import _ray_private as rp
     from .arbiter import GrantRequest
 
+    _PENDING_RELEASE.clear()  # this grant replaces this worker's record: nothing else to release
     info = rp.holder_info(worker)
     drain = _drain_target(info)
     pg_bundles = None
@@ -246,53 +247,70 @@ def _after_set_visible(saved: dict) -> dict:
     return saved
 
 
-def _after_task() -> None:
-    """A normal task's code returned: its devices are free for the arbiter now (not when the worker exits).
+#: A finished task's grant is released this long after its code returned, unless the same
+#: worker has taken a new grant by then (which replaces the record at no extra cost), seconds.
+RELEASE_AFTER_S = 0.02
+_PENDING_RELEASE: dict = {}  # grant key -> when it may be released
 
-    The record is released off the task's path (a background thread): Ray reports the
-    task done without waiting for the arbiter's lock; a worker that exits first leaves
-    a record of a dead pid, which the next decision drops anyway.
+
+def _after_task() -> None:
+    """A normal task's code returned: its devices are free for the arbiter soon (not when the worker exits).
+
+    The release runs off the task's path (a timer thread) and a little later: a reused
+    worker usually starts its next task first, and that grant replaces the record in
+    one lock cycle. Until then other grants see the devices held -- the safe side.
     """
     global _CURRENT
     cur = _CURRENT
     if cur is None or not cur.key.startswith("task:"):
         return
-    ns = _NODE
-    if ns is None:
+    if _NODE is None:
         return
     with _LOCK:
         if _CURRENT is not cur:
             return
         _CURRENT = None
         _apply_affinity(None)
-    _releaser().put(cur.key)
+        _PENDING_RELEASE[cur.key] = time.monotonic() + RELEASE_AFTER_S
+    _release_thread()
 
 
-_RELEASE_Q: Any = None
+_RELEASE_EVENT: Any = None
 
 
-def _releaser() -> Any:
-    """The queue of this process's background release thread (started on first use)."""
-    global _RELEASE_Q
-    if _RELEASE_Q is None:
-        import queue
-
-        q: Any = queue.SimpleQueue()
+def _release_thread() -> None:
+    """Wake (start on first use) this process's releaser: it releases pending grants that are due."""
+    global _RELEASE_EVENT
+    if _RELEASE_EVENT is None:
+        ev = threading.Event()
 
         def run() -> None:
             while True:
-                key = q.get()
-                ns = _NODE
-                if ns is None:
-                    continue
-                try:
-                    ns.arbiter.release(os.getpid(), key=key)
-                except OSError as e:
-                    log.warning("rayaccel hook: could not release a finished task's grant: %s", e)
+                ev.wait()
+                ev.clear()
+                while True:
+                    with _LOCK:
+                        if not _PENDING_RELEASE:
+                            break
+                        key, due = min(_PENDING_RELEASE.items(), key=lambda kv: kv[1])
+                    wait = due - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                        continue
+                    with _LOCK:
+                        if _PENDING_RELEASE.pop(key, None) is None:
+                            continue  # superseded by a new grant of this worker
+                    ns = _NODE
+                    if ns is None:
+                        continue
+                    try:
+                        ns.arbiter.release(os.getpid(), key=key)
+                    except OSError as e:
+                        log.warning("rayaccel hook: could not release a finished task's grant: %s", e)
 
         threading.Thread(target=run, name="rayaccel-release", daemon=True).start()
-        _RELEASE_Q = q
-    return _RELEASE_Q
+        _RELEASE_EVENT = ev
+    _RELEASE_EVENT.set()
 
 
 def _parent(ns: _NodeSide, key: str) -> int:
@@ -379,21 +397,19 @@ def _install() -> bool:
     from . import _ray_private as rp
 
     installed = rp.install(_get_ids, _after_set_visible, _after_task)
-    try:
-        ns = node()  # load the topology now, while the worker starts
-    except Exception as e:  # noqa: BLE001 - reported again (fail safe) at the first grant
-        log.error("rayaccel hook: %s", e)
-        return installed
-    if ns is not None:  # and the placer, beside the worker's start-up rather than in its first grant
-        threading.Thread(target=_warm, args=(ns,), name="rayaccel-warm", daemon=True).start()
+    # The topology and the placer load beside the worker's start-up, not on its path (the
+    # worker registers with the raylet meanwhile) and not in its first grant.
+    threading.Thread(target=_warm, name="rayaccel-warm", daemon=True).start()
     return installed
 
 
-def _warm(ns: _NodeSide) -> None:
+def _warm() -> None:
     try:
-        ns.arbiter.warm()
-    except Exception as e:  # noqa: BLE001 - only a warm-up: the first grant does the same work
-        log.debug("rayaccel hook: warm-up failed: %s", e)
+        ns = node()
+        if ns is not None:
+            ns.arbiter.warm()
+    except Exception as e:  # noqa: BLE001 - reported again (fail safe) at the first grant
+        log.error("rayaccel hook: %s", e)
 
 
 _install()

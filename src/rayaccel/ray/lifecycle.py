@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .._proc import parent as _parent
+from .._proc import start_time as _start_time
 from ..errors import ClusterError
 from ..topology import NodeTopology
 
@@ -53,39 +55,12 @@ class LocalNode:
         return any(_start_time(p) == t for p, t, _ in self.pids)
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
-    try:
-        return int(rest[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def _my_ray_processes() -> dict[int, tuple[int, str]]:
@@ -375,7 +350,7 @@ def _descendants(roots: set[int]) -> set[int]:
     kids: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            pp = _ppid(int(name))
+            pp = _parent(int(name))
             if pp is not None:
                 kids.setdefault(pp, []).append(int(name))
     out, todo = set(), list(roots)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
@@ -37,32 +36,19 @@ def base_dir() -> Path:
 def ensure_private(path: Path) -> Path:
     """Create ``path`` (mode 0700) if missing and check that it is ours and private.
 
+    The same check as the store's spill roots (:func:`rayaccel.memory.owners.private_dir`).
+
     Raises:
-        ClusterError: it is a symlink, not a directory, owned by another user, or writable by others.
+        ClusterError: it is a symlink, not a directory, or owned by another user.
     """
+    from ..errors import StoreError
+    from ..memory.owners import private_dir
+
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise ClusterError(f"cannot create rayaccel state directory {path}: {e.strerror}") from None
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        raise ClusterError(f"cannot inspect rayaccel state directory {path}: {e.strerror}") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise ClusterError(f"rayaccel state directory {path} is a symlink; remove it (rayaccel never follows one) "
-                           f"or set {STATE_DIR_ENV} to a directory you own")
-    if not stat.S_ISDIR(st.st_mode):
-        raise ClusterError(f"rayaccel state directory {path} exists but is not a directory; remove it or set "
-                           f"{STATE_DIR_ENV}")
-    if st.st_uid != os.getuid():
-        raise ClusterError(f"rayaccel state directory {path} belongs to uid {st.st_uid}, not you (uid {os.getuid()}); "
-                           f"remove it or set {STATE_DIR_ENV} to a directory you own")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ClusterError(f"rayaccel state directory {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
-                           f"chmod 700 it or set {STATE_DIR_ENV}")
-    return path
+        return private_dir(path, what="rayaccel state directory",
+                           fix=f"set {STATE_DIR_ENV} to a directory you own")
+    except StoreError as e:
+        raise ClusterError(str(e)) from None
 
 
 def node_dir(node_key: str, base: Path | None = None) -> Path:

@@ -1,0 +1,35 @@
+"""Facts about local processes from ``/proc`` (Linux), shared by the store and ``rayaccel start/stop``.
+
+A process is identified by its pid *and* start time, so a recycled pid is never
+mistaken for the process it replaced.
+"""
+
+from __future__ import annotations
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` fields after the command name (which may hold spaces and parentheses)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2:].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None (no /proc, or no such process)."""
+    rest = _stat(pid)
+    try:
+        return int(rest[19]) if rest is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
+def parent(pid: int) -> int | None:
+    """The parent pid of ``pid``, or None."""
+    rest = _stat(pid)
+    try:
+        return int(rest[1]) if rest is not None else None
+    except (IndexError, ValueError):
+        return None
