@@ -249,3 +249,34 @@ def test_near_lands_next_to_the_data_and_required_holds(cluster):
     assert 5 in got and len(got) == 2
     with pytest.raises(RequestError):
         rayaccel.remote(near=object())(lambda: None)
+
+
+def test_amd_node_sets_hip_visible_devices_and_xgmi_sets(cluster):
+    import ray
+
+    from rayaccel.ray.view import view
+
+    nid = cluster.add_node("mi300x-8x")
+    try:
+        view().invalidate()
+
+        @ray.remote(num_gpus=4, label_selector={"rayaccel.io/vendor": "amd"})
+        def rocm_job():
+            import os
+
+            return ray.get_gpu_ids(), os.environ.get("HIP_VISIBLE_DEVICES"), ray.get_runtime_context().get_node_id()
+
+        ids, hip, where = ray.get(rocm_job.remote(), timeout=120)
+        assert where == nid and hip == ",".join(str(i) for i in ids) and len(ids) == 4
+    finally:
+        cluster.remove_node(nid)
+        view().invalidate()
+
+
+def test_status_tables_name_every_node(cluster):
+    r = subprocess.run([sys.executable, "-m", "rayaccel.cli", "status", "--address", cluster.address],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    for n in cluster.nodes:
+        assert n.node_key in r.stdout
+    assert "free" in r.stdout
