@@ -84,8 +84,9 @@ def _run(jobs: list[dict], plain: bool) -> list[dict]:
             """Collect finished jobs; a finished group's actors and reservation go at once."""
             while pending:
                 refs = [r for _, rs in pending for r in rs]
-                done, _ = ray.wait(refs, num_returns=len(refs), timeout=600 if block else 0)
-                done = set(done)
+                # any finished job frees its group at once (waiting for all would hold finished groups' GPUs)
+                first, _ = ray.wait(refs, num_returns=1 if block else len(refs), timeout=600 if block else 0)
+                done = set(first) | set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
                 keep = []
                 for j, rs in pending:
                     if all(r in done for r in rs):
@@ -100,7 +101,7 @@ def _run(jobs: list[dict], plain: bool) -> list[dict]:
                             remove_placement_group(pg)
                     else:
                         keep.append((j, rs))
-                if len(keep) == len(pending) and block:
+                if len(keep) == len(pending) and block and not done:
                     raise TimeoutError(f"{len(keep)} jobs did not finish within 600 s")
                 pending[:] = keep
                 if not block:
