@@ -138,7 +138,40 @@ def _get_ids(original: Any, worker: Any, resource_name: str, regex: str) -> list
             if cur is not None:
                 _drop(ns)
             return []
+        again = _same_as_last(ns, tuple(gpu), mig, pg, key)
+        if again is not None:
+            return list(again.ids)
         return list(_decide(ns, worker, key, sig, tuple(gpu), mig, pg, bundle, _REFINED.get(key)).ids)
+
+
+#: (slots, MIG slots, Current, its key, state file mtime after our write, the key written in the state file)
+#: of this worker's last grant.
+_LAST: tuple | None = None
+
+
+def _same_as_last(ns: _NodeSide, gpu: tuple, mig: tuple, pg: str | None, key: str) -> "Current | None":
+    """A reused worker granted the very slots it just had, while nothing else changed on the node.
+
+    Its record still holds those slots (its release was pending, now superseded), so they
+    kept their devices; if the state file is untouched since this worker wrote it, no
+    drain or other change happened either: the same devices, with no lock and no I/O.
+    """
+    global _CURRENT
+    last = _LAST
+    if last is None or pg is not None or key in _REFINED or last[0] != gpu or last[1] != mig:
+        return None
+    if last[5] not in _PENDING_RELEASE:
+        return None
+    try:
+        if os.stat(ns.arbiter._state_path).st_mtime_ns != last[4]:
+            return None
+    except OSError:
+        return None
+    _PENDING_RELEASE.clear()
+    prev = last[2]
+    _CURRENT = Current(sig=(key, gpu, mig), ids=prev.ids, devices=prev.devices, partitions=prev.partitions, key=key)
+    globals()["_LAST"] = (gpu, mig, _CURRENT, key, last[4], last[5])
+    return _CURRENT
 
 
 def _drop(ns: _NodeSide) -> None:
@@ -184,6 +217,13 @@ def _decide(ns: _NodeSide, worker: Any, key: str, sig: tuple, gpu: tuple, mig: t
     ids: list = list(g.devices)
     ids += [ns.arbiter.uuid(k) or k for k in g.partitions]
     _CURRENT = Current(sig=sig, ids=tuple(ids), devices=tuple(g.devices), partitions=tuple(g.partitions), key=key)
+    global _LAST
+    _LAST = None
+    if drain is None and request is None and pg is None:
+        try:
+            _LAST = (gpu, mig, _CURRENT, key, os.stat(ns.arbiter._state_path).st_mtime_ns, key)
+        except OSError:
+            pass
     return _CURRENT
 
 
@@ -271,7 +311,9 @@ def _after_task() -> None:
             return
         _CURRENT = None
         _apply_affinity(None)
-        _PENDING_RELEASE[cur.key] = time.monotonic() + RELEASE_AFTER_S
+        last = _LAST
+        written = last[5] if last is not None and last[2] is cur else cur.key  # the key the state file holds
+        _PENDING_RELEASE[written] = time.monotonic() + RELEASE_AFTER_S
     _release_thread()
 
 
