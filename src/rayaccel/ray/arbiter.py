@@ -571,10 +571,12 @@ class Arbiter:
         """Import the placer and build this topology's tables (a worker does this while it starts)."""
         from ..placement import Request
 
+        self.read()  # the lock and the state file's path through the JSON decoder
         if self.pool:
             self._allocate(set(self.pool), Request(gpus=1))
             if len(self.pool) > 1:
                 self._allocate(set(self.pool), Request(gpus=2))
+                self._allocate(set(self.pool[1:]), Request(gpus=1))
 
     # ------------------------------------------------------------------ views
     def uuid(self, partition_key: str) -> str | None:
