@@ -120,6 +120,8 @@ def _demo(out: Path = typer.Option(Path("rayaccel-demo"), "--out", help="Directo
     def cell(side: dict, other: dict) -> Text:
         gpus = side.get("gpus") or []
         t = Text(f"GPUs {gpus}")
+        if "after_scale_down" in side:
+            t.append(f" (after scaling to 1 replica: {side['after_scale_down']})")
         if "link" in side:
             bw, ob = side.get("bandwidth_gbps", 0), other.get("bandwidth_gbps", 0)
             style = "green" if bw > ob + 1e-6 else "red" if bw < ob - 1e-6 else ""

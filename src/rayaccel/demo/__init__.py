@@ -83,11 +83,11 @@ def run_demo(out: str | Path, quick: bool = False, log: Callable[[str], None] = 
         row = {"job": job, "rayaccel": a, "ray": b}
         for side, r in (("rayaccel", a), ("ray", b)):
             devs = r.get("gpus") or []
-            if len(devs) > 1:
+            if len(devs) > 1 and not job.startswith("serve"):  # replicas are independent: no collective
                 r["link"] = _weakest(topo, devs)
                 r["bandwidth_gbps"] = round(allreduce_bandwidth_gbps(topo, devs), 1)
         rows.append(row)
-    multi = [r for r in rows if len(r["rayaccel"].get("gpus", ())) > 1]
+    multi = [r for r in rows if "bandwidth_gbps" in r["rayaccel"]]
     ours_bw = sum(r["rayaccel"].get("bandwidth_gbps", 0) for r in multi)
     ray_bw = sum(r["ray"].get("bandwidth_gbps", 0) for r in multi)
     totals = {"multi_gpu_jobs": len(multi), "rayaccel_gbps_sum": round(ours_bw, 1), "ray_gbps_sum": round(ray_bw, 1),
@@ -114,11 +114,12 @@ def _picture(out: Path, topo: Any, ours: dict, theirs: dict) -> Path:
     from ..viz import draw_cluster
 
     def assign(side: dict) -> dict[int, str]:
+        """Who holds each GPU at the end (while Train runs): Serve after scaling down, the task, Train."""
         a: dict[int, str] = {}
         for job, r in side.items():
             short = job.split(":")[0]
-            for d in r.get("gpus", ()):
-                a.setdefault(d, short)
+            for d in r.get("after_scale_down", r.get("gpus", ())):
+                a[d] = short
         return a
 
     return draw_cluster([("rayaccel", topo, assign(ours)), ("plain Ray", topo, assign(theirs))],

@@ -29,9 +29,12 @@ def _free_port() -> int:
 
 def run(storage: str, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the workload on the connected Ray cluster; return ``{job: {"gpus": [...], ...}}``."""
+    import logging
+
     import ray
     from ray import serve
 
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the demo prints its own progress
     out: dict[str, Any] = {}
 
     # 1. Serve: two replicas with one GPU each.
