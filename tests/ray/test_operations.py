@@ -132,6 +132,11 @@ def test_operator_drain_with_kill_and_undrain_through_the_cli(cluster):
                         capture_output=True, text=True, env=env, timeout=60)
     row = next(n for n in json.loads(js.stdout)["nodes"] if n["name"] == "dgx1-v100")["devices"][5]
     assert row["state"] == "drained" and row["drain"]["reason"] == "fan replaced"
+    # the drain survives a restart of the node's agent (and so of its health watcher)
+    ray.kill(_agent(dgx.node_key), no_restart=False)
+    wait_for(lambda: _agent(dgx.node_key) is not None and
+             ray.get(_agent(dgx.node_key).ping.remote(), timeout=10) == dgx.node_key, 30, "the agent back")
+    assert _dev_row("dgx1-v100", 5)["state"] == "drained"
     r = subprocess.run([sys.executable, "-m", "rayaccel.cli", "undrain", f"{dgx.node_key}:5", "--address",
                         cluster.address], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "undrained" in r.stdout
