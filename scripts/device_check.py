@@ -9,8 +9,10 @@ It runs ``NvidiaBackend().discover()``, captures ``nvidia-smi topo -m`` and
 ``nvidia-smi -L``, imports those captures with rayaccel's importer (when it is
 available) and prints, side by side, devices (model, uuid, NUMA node, CPUs) and
 every device pair's link (kind, lanes, PCIe class), flagging mismatches with
-``!!``. It always exits 0 and ends with a one-line summary; with ``--out`` it
-also writes the raw captures and both topologies as JSON.
+``!!``; then ``rayaccel doctor``'s local hardware checks and the health watcher's
+probe for ``--health-seconds`` (read-only: nothing on the GPU is changed). It always
+exits 0 and ends with a one-line summary; with ``--out`` it also writes the raw
+captures and both topologies as JSON.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def _link(t, a, b) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--health-seconds", type=float, default=5.0, help="how long to run the health probe")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for captures and JSON (default $OUT)")
     args = ap.parse_args()
     out_dir = Path(args.out) if args.out else None
@@ -153,9 +156,58 @@ def main() -> int:
             mismatches += flag == "!!"
             print(f"{flag} {x}-{y}: {la:22} | {lb}")
     nv = len([l for l in mine.links if l.kind == "nvlink"]) if mine else 0
+    checks = _doctor(mine) if mine else []
+    events = _health(mine, args.health_seconds) if mine else None
     print(f"\nSUMMARY: backend {'ok' if mine else 'unavailable'}; {n} devices; {nv} NVLink pairs; "
-          f"capture import {'ok' if theirs else 'skipped'}; {mismatches} mismatches")
+          f"capture import {'ok' if theirs else 'skipped'}; {mismatches} mismatches; doctor "
+          f"{sum(c.status == 'fail' for c in checks)} fail / {sum(c.status == 'warn' for c in checks)} warn; "
+          f"health watcher {'not run' if events is None else f'{len(events)} event(s)'}")
     return 0
+
+
+def _doctor(topo):
+    """rayaccel doctor's local hardware checks on this machine (driver, CUDA, NVML, torch, NCCL, MIG, ...)."""
+    print("\n== doctor: local hardware checks ==")
+    try:
+        from rayaccel.doctor import local_checks
+    except ImportError as e:
+        print(f"!! rayaccel.doctor unavailable: {e}")
+        return []
+    try:
+        checks = local_checks(topo, simulated=False)
+    except Exception as e:  # noqa: BLE001 - a device script reports, it does not stop
+        print(f"!! local_checks raised {type(e).__name__}: {e}")
+        return []
+    for c in checks:
+        print(f"{c.status:5} {c.name:14} {c.detail}" + (f"  -> {c.fix}" if c.fix else ""))
+    return checks
+
+
+def _health(topo, seconds: float):
+    """The health watcher's probe on the real devices for ``seconds`` (what it reports; nothing is changed)."""
+    print(f"\n== health probe ({seconds:g} s) ==")
+    try:
+        from rayaccel.discovery.health import probe_for
+
+        probe = probe_for(topo)
+    except Exception as e:  # noqa: BLE001
+        print(f"!! no health probe: {type(e).__name__}: {e}")
+        return None
+    if probe is None:
+        print("no probe for these devices")
+        return None
+    events = []
+    t_end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < t_end:
+            for ev in probe.poll(min(1.0, max(0.05, t_end - time.monotonic()))):
+                events.append(ev)
+                print(f"{ev.severity:8} device {ev.device} {ev.kind}: {ev.detail}")
+    finally:
+        probe.close()
+    if not events:
+        print("no health events (a healthy machine)")
+    return events
 
 
 if __name__ == "__main__":
