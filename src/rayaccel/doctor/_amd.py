@@ -9,36 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..discovery.amd import _Lib
 from ..discovery.nvidia import _bus_key
+from ..errors import BackendError
 from ..topology import NodeTopology
 from . import Check
 
 log = logging.getLogger(__name__)
-_SKIP = {"AMDSMI_STATUS_NOT_SUPPORTED": 2, "AMDSMI_STATUS_NOT_YET_IMPLEMENTED": 3, "AMDSMI_STATUS_NO_PERM": 10}
-
-
-class _Failed(Exception):
-    pass
-
-
-class _Lib:
-    def __init__(self, m: Any):
-        self.m = m
-        wrapper = getattr(m, "amdsmi_wrapper", None)
-        self.skip = {getattr(wrapper, k, v) for k, v in _SKIP.items()}
-        self.exc = getattr(m, "AmdSmiException", Exception)
-
-    def call(self, fn: str, *args: Any) -> Any:
-        func = getattr(self.m, fn, None)
-        if func is None:
-            return None
-        try:
-            return func(*args)
-        except self.exc as e:
-            code = e.get_error_code() if hasattr(e, "get_error_code") else getattr(e, "err_code", None)
-            if code in self.skip:
-                return None
-            raise _Failed(f"{fn}: {e} (amdsmi status {code})") from None
 
 
 def amd_checks(topology: NodeTopology, amdsmi: Any) -> list[Check]:
@@ -75,14 +52,14 @@ def _checks(lib: _Lib, topology: NodeTopology) -> list[Check]:
     devices = [d for d in sorted(topology.devices, key=lambda d: d.index) if d.vendor == "amd"]
     try:
         raw = list(lib.call("amdsmi_get_processor_handles") or [])
-    except _Failed as e:
+    except BackendError as e:
         raw = []
         out.append(Check("driver", "fail", str(e), "check `amd-smi list`"))
     ids = []
     for h in raw:
         try:
             uuid, bdf = lib.call("amdsmi_get_gpu_device_uuid", h), lib.call("amdsmi_get_gpu_device_bdf", h)
-        except _Failed:
+        except BackendError:
             uuid = bdf = None
         ids.append((h, str(uuid) if uuid else None, _bus_key(str(bdf)) if bdf else None))
     handles: dict[int, Any] = {}
@@ -99,7 +76,7 @@ def _checks(lib: _Lib, topology: NodeTopology) -> list[Check]:
     if not out:
         try:
             info = lib.call("amdsmi_get_gpu_driver_info", raw[0]) if raw else None
-        except _Failed as e:
+        except BackendError as e:
             info, missing = None, missing + [str(e)]
         version = (info or {}).get("driver_version") or None
         if missing:
@@ -117,7 +94,7 @@ def _checks(lib: _Lib, topology: NodeTopology) -> list[Check]:
             out.append(Check("amdsmi", "ok", f"amdsmi library {text}"))
         else:
             out.append(Check("amdsmi", "warn", "amdsmi does not report its version", "upgrade amdsmi to your ROCm's"))
-    except _Failed as e:
+    except BackendError as e:
         out.append(Check("amdsmi", "warn", str(e), "install the amdsmi of your ROCm version"))
     out.append(_p2p(lib, topology, handles))
     return out
@@ -132,7 +109,7 @@ def _p2p(lib: _Lib, topology: NodeTopology, handles: dict[int, Any]) -> Check:
     for l in pairs:
         try:
             ok = lib.call("amdsmi_is_P2P_accessible", handles[l.a], handles[l.b])
-        except _Failed as e:
+        except BackendError as e:
             (fails if l.kind == "xgmi" else warns).append(f"GPU {l.a}-{l.b}: {e}")
             continue
         if ok is None:
