@@ -30,8 +30,6 @@ drawn literally (a ``$`` is not TeX math).
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ._common import console, fail, na, print_json
+from ._common import console, fail, print_json
 
 
 def _start(ctx: typer.Context,

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ClusterError
 
 __all__ = ["MACHINE", "run_demo"]
 

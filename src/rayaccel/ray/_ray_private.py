@@ -237,21 +237,6 @@ def kv_del(key: str, namespace: str) -> None:
     kv()._internal_kv_del(key, namespace=namespace)
 
 
-def kv_list(prefix: str, namespace: str) -> list[str]:
-    keys = kv()._internal_kv_list(prefix, namespace=namespace)
-    return sorted(k.decode() if isinstance(k, bytes) else k for k in keys)
-
-
-def session_dir() -> str | None:
-    """The Ray session directory of this process's node, or None."""
-    from ray._private import worker
-
-    node = getattr(worker, "_global_node", None)
-    if node is None:
-        return None
-    return node.get_session_dir_path()
-
-
 def kv_multi_get(keys: list[str], namespace: str) -> dict[str, bytes]:
     """Several keys in one GCS request (missing keys are absent from the result)."""
     from ray.experimental import internal_kv

@@ -75,7 +75,6 @@ class NodeAgent:
     """The agent's body (the actor wraps it; tests may drive it directly)."""
 
     def __init__(self, node_key: str, node_dir: str | None = None, period_s: float = PERIOD_S):
-        from ..topology import NodeTopology  # noqa: F401 - typing only
         from .arbiter import Arbiter
         from .names import NodeRecord
 

@@ -21,7 +21,6 @@ from typing import Any
 
 #: GPU requests waiting longer than this are reported, seconds.
 PENDING_S = 60.0
-STATUSES = ("ok", "warn", "fail", "n/a")
 
 
 @dataclass(frozen=True, slots=True)

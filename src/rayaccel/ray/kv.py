@@ -60,12 +60,6 @@ def delete(node_key: str) -> None:
     rp.kv_del(STATE_PREFIX + node_key, NAMESPACE)
 
 
-def published_keys() -> list[str]:
-    """Node keys that have a record."""
-    _check()
-    return [k[len("topology/"):] for k in rp.kv_list("topology/", NAMESPACE)]
-
-
 def publish_state(node_key: str, state: dict) -> None:
     """Write a node agent's snapshot."""
     rp.kv_put(STATE_PREFIX + node_key, json.dumps(state, separators=(",", ":")), NAMESPACE)

@@ -33,7 +33,7 @@ from ..errors import BackendUnavailable, ClusterError
 from ..topology import NodeTopology
 from . import _ray_private as rp
 from .hook import NODE_DIR_ENV, UNHOOKED_PREFIX, VISIBLE_ENV
-from .names import NodeRecord, mig_resource, new_node_key, node_labels, node_resources
+from .names import NodeRecord, new_node_key, node_labels, node_resources
 
 log = logging.getLogger(__name__)
 HOOK_MODULE = "rayaccel.ray.hook"
@@ -241,4 +241,4 @@ def shutdown() -> None:
         nodedir.remove(_EMBEDDED.pop())
 
 
-__all__ = ["init", "mig_resource", "node_env", "node_topology", "prepare", "resolve_topology", "shutdown"]
+__all__ = ["init", "node_env", "node_topology", "prepare", "resolve_topology", "shutdown"]

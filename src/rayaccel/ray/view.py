@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import ClusterError, TopologyError
@@ -67,7 +67,6 @@ class _Claim:
     gpus: float
     at: float
     ref: Any = None
-    done: bool = field(default=False)
 
 
 class Claims:
@@ -114,10 +113,6 @@ class Claims:
                     devs.update(it.devices)
                     gpus += it.gpus
             return devs, gpus
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
 
 
 class ClusterView:
