@@ -100,6 +100,7 @@ class NodeAgent:
         self._is_head = False
         self._log_at = 0
         self.recent: list = []
+        self._total_gpus: float | None = None
 
     # ---------------------------------------------------------------- loop
     def start(self) -> None:
@@ -122,10 +123,6 @@ class NodeAgent:
     def tick(self, publish: bool = True) -> dict:
         """One period: reap, run extensions, snapshot, publish. Returns the snapshot."""
         self.arbiter.reap()
-        if self.arbiter.read()["pgs"]:
-            from .hook import _pg_alive
-
-            self.arbiter.forget_removed_groups(_pg_alive)
         for ext in list(self.extensions):
             try:
                 ext(self)
@@ -133,7 +130,13 @@ class NodeAgent:
                 self.errors += 1
                 log.exception("rayaccel agent %s: %s failed", self.node_key, getattr(ext, "__name__", ext))
         self._track_demand()
-        snap = snapshot_of(self.arbiter)
+        st = self.arbiter.snapshot()
+        if st["pgs"]:  # reservations of groups Ray has removed go, so they stop keeping devices free
+            from .hook import _pg_alive
+
+            for pg in self.arbiter.forget_removed_groups(_pg_alive):
+                st["pgs"].pop(pg, None)
+        snap = snapshot_of(self.arbiter, st)
         new, self._log_at = self.arbiter.decisions(self._log_at)
         self.recent = (self.recent + new)[-64:]
         snap["decisions"] = self.recent[-32:]
@@ -158,10 +161,11 @@ class NodeAgent:
             from . import _ray_private as rp
 
             avail = rp.available_resources_per_node().get(nid, {})
-            total = rp.total_resources_per_node().get(nid, {})
+            if self._total_gpus is None:  # a node's total does not change: read it once
+                self._total_gpus = float(rp.total_resources_per_node().get(nid, {}).get("GPU", 0.0))
         except Exception:  # noqa: BLE001 - not in Ray (tests driving the body): unknown
             return 0.0
-        used = float(total.get("GPU", 0.0)) - float(avail.get("GPU", 0.0))
+        used = self._total_gpus - float(avail.get("GPU", 0.0))
         over = used - snap["slots_held"]
         now = time.monotonic()
         if over > 0.5:
