@@ -33,3 +33,12 @@ def parent(pid: int) -> int | None:
         return int(rest[1]) if rest is not None else None
     except (IndexError, ValueError):
         return None
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` (arguments joined by spaces), or "" (no /proc, or no such process)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""

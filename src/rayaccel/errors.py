@@ -15,6 +15,7 @@ caller can catch them all at once; each carries the context a person needs
     ├── OutputPathError                a picture or result cannot be written where asked (names the path, why)
     ├── ClusterError                   the Ray layer cannot do what was asked
     │   └── Unsatisfiable              a request no node can ever meet (fails fast)
+    ├── StateError                     a node's arbiter state, table or published snapshot is malformed (names the field)
     └── StoreError                     the tiered memory store
         ├── CorruptObject              a spill file failed its checksum or is truncated
         ├── StoreFull                  no tier has room (nothing is lost)
@@ -159,3 +160,15 @@ class UnknownObject(StoreError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class StateError(RayaccelError, ValueError):
+    """A node's arbiter state file, node table or published snapshot does not have the shape it must.
+
+    Attributes:
+        field: dotted path of the bad field (or where the data came from), or None.
+    """
+
+    def __init__(self, message: str, field: str | None = None):
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)

@@ -1,0 +1,84 @@
+"""Building a node's table at node start (:func:`build_table`): units, CPUs, NICs and precomputed plans.
+
+Runs where the node is prepared (``rayaccel start``, :func:`rayaccel.init`,
+``SimulatedCluster``), never in a worker. For a pool of up to
+:data:`~.table.PLAN_MAX` devices it asks the placer every plain question a grant can
+ask -- each set of free devices, each size -- so that workers answer them from the
+table. Tables are memoized per topology in the process (a cluster of identical nodes
+computes them once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ..placement import NodeState, Request, allocate
+from ..placement.pools import gpu_pool, mig_pools
+from ..topology import NodeTopology
+from .placer import bundle_order
+from .state import GPU
+from .table import PLAN_MAX, NodeTable, ResourceTable
+
+#: The visible-devices variable of each GPU vendor (Ray's GPU managers write these).
+VISIBLE_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES"}
+_PLANS: dict[str, tuple[tuple[str, ...], ...]] = {}
+
+
+def gpu_vendor(topology: NodeTopology) -> str:
+    """The node's GPU vendor (``nvidia`` when mixed or none)."""
+    vendors = {d.vendor for d in topology.devices}
+    return vendors.pop() if len(vendors) == 1 else "nvidia"
+
+
+def build_table(topology: NodeTopology, node_key: str, simulated: bool, *,
+                nics: dict[int, tuple[str, ...]] | None = None) -> NodeTable:
+    """The node table of ``topology`` (see :mod:`.table`).
+
+    Args:
+        nics: device -> its nearest RDMA NICs (UCX ``device:port``), when known.
+    """
+    pool = tuple(gpu_pool(topology))
+    resources = {GPU: ResourceTable(GPU, "units", pool, {d: d for d in pool}, {}, plans(topology, pool))}
+    parent = {p.key: p.parent for p in topology.partitions()}
+    uuids = {p.key: p.uuid for p in topology.partitions() if p.uuid}
+    for r, units in mig_pools(topology).items():
+        units = tuple(units)
+        resources[r] = ResourceTable(r, "mig", units, {u: parent[u] for u in units},
+                                     {u: uuids[u] for u in units if u in uuids})
+    vendor = gpu_vendor(topology)
+    cpus = {d.index: tuple(d.cpus) for d in topology.devices if d.cpus}
+    return NodeTable(node_key, simulated, vendor, VISIBLE_ENV.get(vendor, "CUDA_VISIBLE_DEVICES"), resources, cpus,
+                     dict(nics or {}))
+
+
+def plans(topology: NodeTopology, pool: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:
+    """Every plain decision over ``pool`` (``plans[k - 1][mask]``, see :mod:`.table`), or None above PLAN_MAX."""
+    n = len(pool)
+    if not 0 < n <= PLAN_MAX:
+        return None
+    key = hashlib.sha1(json.dumps([topology.to_dict(), list(pool)], sort_keys=True).encode()).hexdigest()
+    hit = _PLANS.get(key)
+    if hit is not None:
+        return hit
+    pos = {d: i for i, d in enumerate(pool)}
+    everything = frozenset(topology.indices)
+    rows = []
+    for k in range(1, n + 1):
+        row = []
+        for m in range(1 << n):
+            free = [pool[i] for i in range(n) if m >> i & 1]
+            if len(free) < k:
+                row.append("")
+                continue
+            alloc = allocate(NodeState(topology, busy=everything - frozenset(free)), Request(gpus=k))
+            if not alloc:
+                row.append("")
+                continue
+            order = list(alloc.devices)
+            asc = k > 1 and bundle_order(topology, order, [1] * k) == sorted(order)
+            row.append("".join(format(pos[d], "x") for d in order) + ("+" if asc else ""))
+        rows.append(tuple(row))
+    out = tuple(rows)
+    _PLANS[key] = out
+    return out

@@ -1,0 +1,347 @@
+"""The grant decision and the other state transitions: pure functions of (state, request, table).
+
+Ray decides *how many* units a worker gets and which slot indices (the lowest free
+ones); :func:`decide` decides which physical units stand behind those slots:
+
+1. drop holders whose process is gone, and reservations of placement groups the
+   caller has learned are removed (``GrantRequest.gone``: asked of Ray *outside* the
+   node lock -- nothing here talks to anything);
+2. the candidate slots are the granted ones plus every slot no live holder pins (a
+   waiting holder, or a drain placeholder not yet on its device, pins nothing);
+3. the chooser (:class:`Chooser`) picks the best set among the candidates' units,
+   leaving out drained devices and units reserved for placement-group members that
+   have not arrived yet; a group's first member reserves the best set for all of the
+   group's units on the node, handed out by bundle index;
+4. only the candidates' images are permuted, so the granted slots get that set: slots
+   in use never change their unit, and the units in use are exactly the images of the
+   slots in use -- no unit is held twice.
+
+A grant that cannot be served now comes back with ``waiting`` set (the caller retries)
+and, when reservations stand in the way, ``blocked_by``: the groups to ask Ray about.
+The arbiter (:mod:`.statefile`) calls these under its lock; tests call them directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple, Protocol
+
+from .state import EPS, GPU, ArbiterState, Drain, Holder, Reservation
+from .table import NodeTable
+
+
+class GrantRequest(NamedTuple):
+    """One grant as a worker sees it.
+
+    Attributes:
+        pid: the worker process. key: the grant's identity (``task:<id>`` / ``actor:<id>``).
+        slots: Ray resource -> ``((slot, fraction), ...)`` the raylet granted.
+        pg / bundle: placement group (hex) and bundle index when the grant is a member's.
+        pg_bundles: the group's units per bundle on this node (``{bundle: amount}``), given by
+            the caller when no reservation exists yet (:func:`needs_reservation`).
+        request: a :class:`~rayaccel.placement.Request` with constraints Ray cannot express
+            (``rayaccel.remote``'s interconnect, same_numa, ...), or None.
+        drain: for a drain placeholder, the device it must end up holding.
+        info: what status shows of the holder (``name``, ``kind``, ``job``).
+        gone: placement groups the caller learned (from Ray, outside the lock) are removed.
+    """
+
+    pid: int
+    key: str
+    slots: Mapping[str, tuple[tuple[int, float], ...]] = {}
+    pg: str | None = None
+    bundle: int | None = None
+    pg_bundles: Mapping[int, float] | None = None
+    request: Any = None
+    drain: int | None = None
+    info: Mapping[str, str] = {}
+    gone: frozenset[str] = frozenset()
+
+
+class Grant(NamedTuple):
+    """What the arbiter decided.
+
+    Attributes:
+        units: Ray resource -> the units behind its granted slots, in order (ring order for a set).
+        waiting: why the grant cannot be served yet (None when served): the caller retries;
+            meanwhile its slots are not pinned, so other grants may re-map them.
+        blocked_by: placement groups whose reservations keep it waiting (the caller asks Ray
+            whether they still exist, outside the lock, and retries with ``gone``).
+        seconds: time spent under the lock (set by the arbiter).
+    """
+
+    units: Mapping[str, tuple] = {}
+    waiting: str | None = None
+    blocked_by: frozenset[str] = frozenset()
+    seconds: float = 0.0
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The devices behind the ``GPU`` slots, in order."""
+        return tuple(self.units.get(GPU, ()))
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """The MIG instances behind MIG-profile slots."""
+        return tuple(u for r, us in self.units.items() if r.startswith("mig_") for u in us)
+
+
+class Chooser(Protocol):
+    """Picks units for a grant (the table's precomputed plans, or the placer)."""
+
+    def choose(self, resource: str, avail: frozenset, k: int, request: Any) -> tuple[tuple | None, str]:
+        """``k`` units of ``resource`` among ``avail`` in ring order, or ``(None, why)``."""
+
+    def gang(self, resource: str, avail: frozenset, sizes: Mapping[int, int]) -> Mapping[int, tuple] | None:
+        """The best set for a placement group's bundles (``{bundle: size}``) among ``avail``, by bundle."""
+
+
+def needs_reservation(st: ArbiterState, pg: str) -> bool:
+    """True when no reservation exists yet for placement group ``pg`` (the caller should pass ``pg_bundles``)."""
+    return pg not in st.pgs
+
+
+def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: Chooser,
+           alive: Callable[[int], bool], now: float) -> tuple[ArbiterState, Grant]:
+    """Decide which units stand behind ``req``'s slots (module docstring); return the new state and the grant."""
+    holders = dict(st.holders)
+    before = holders.pop(req.pid, None)
+    for p in [p for p in holders if not alive(p)]:
+        del holders[p]
+    pgs = {g: r for g, r in st.pgs.items() if g not in req.gone}
+    if not any(req.slots.values()):
+        return st._replace(holders=holders, pgs=pgs), Grant()
+    pools = {r: list(u) for r, u in st.pools.items()}
+    # Ray granted these slots whole: any other record of them is stale (its task ended).
+    whole = {r: {s for s, f in slots if f >= 1 - EPS} for r, slots in req.slots.items()}
+    for p, h in list(holders.items()):
+        for r, had in h.slots.items():
+            w = whole.get(r)
+            if w and had and not w.isdisjoint([s for s, _ in had]):
+                holders[p] = h = h._replace(slots={**h.slots, r: tuple((s, f) for s, f in had if s not in w)})
+    pinned = _pinned(holders, pools, table, {*req.slots, GPU})
+    since = before.since if before is not None and before.key == req.key else now
+    info = req.info
+    if req.drain is not None and req.slots.get(GPU):
+        # A drain placeholder never uses a device: it records its slot and is moved onto its target.
+        holders[req.pid] = Holder(req.key, dict(req.slots), since, info.get("name", ""), info.get("kind", ""),
+                                  info.get("job", ""), drain=req.drain)
+        _settle_drains(pools, holders, pinned, table)
+        got = {GPU: tuple(pools[GPU][s] for s, _ in req.slots[GPU])}
+        return _state(st, pools, holders, pgs), Grant(got)
+    _settle_drains(pools, holders, pinned, table)
+    units: dict[str, tuple] = {}
+    waiting = None
+    blocked: frozenset[str] = frozenset()
+    for r, slots in req.slots.items():
+        t = table.resources.get(r)
+        if not slots:
+            continue
+        if t is None:
+            waiting = f"{r} is not a resource this node's arbiter maps"
+            break
+        if t.kind == "mig":
+            got, waiting = _instances(r, slots, pools, holders, st.drained, table)
+        else:
+            got, waiting, blocked = _units(r, slots, pools, holders, pgs, st.drained, pinned.get(r, set()), req,
+                                           table, chooser, now)
+        if waiting is not None:
+            break
+        units[r] = got
+    holders[req.pid] = Holder(req.key, dict(req.slots), since, info.get("name", ""), info.get("kind", ""),
+                              info.get("job", ""), req.pg, req.bundle, waiting)
+    grant = Grant(units, None, frozenset()) if waiting is None else Grant({}, waiting, blocked)
+    return _state(st, pools, holders, pgs), grant
+
+
+def _state(st: ArbiterState, pools: dict, holders: dict, pgs: dict) -> ArbiterState:
+    return ArbiterState({r: tuple(u) for r, u in pools.items()}, holders, pgs, st.drained, st.resets,
+                        st.reset_reason)
+
+
+def _pinned(holders: Mapping[int, Holder], pools: Mapping[str, list], table: NodeTable,
+            resources: set[str]) -> dict[str, set[int]]:
+    """Resource -> the slots whose units live holders use (so they must not move), for ``resources``."""
+    out: dict[str, set[int]] = {r: set() for r in resources if r in pools}
+    for h in holders.values():
+        if h.waiting or (h.drain is not None and not h.pins(pools, table.device_of)):
+            continue
+        for r, slots in h.slots.items():
+            mine = out.get(r)
+            if mine is not None:
+                for s, _ in slots:
+                    mine.add(s)
+    return out
+
+
+def _settle_drains(pools: dict, holders: Mapping[int, Holder], pinned: dict[str, set[int]], table: NodeTable) -> None:
+    """Move each drain placeholder's slot onto its target device once nobody uses that device."""
+    gpu = pools.get(GPU)
+    if not gpu or all(h.drain is None for h in holders.values()):
+        return
+    where = {d: s for s, d in enumerate(gpu)}
+    mine = pinned.setdefault(GPU, set())
+    for h in holders.values():
+        target = h.drain
+        slots = [s for s, _ in h.slots.get(GPU, ())]
+        if target is None or not slots or target not in where or any(gpu[s] == target for s in slots):
+            continue
+        u = where[target]
+        if u in mine:
+            continue  # still in use: the placeholder moves there once it frees
+        t = slots[0]
+        gpu[t], gpu[u] = gpu[u], gpu[t]
+        where[gpu[t]], where[gpu[u]] = t, u
+        mine.add(t)
+
+
+def _reserved(holders: Mapping[int, Holder], pgs: Mapping[str, Reservation], req: GrantRequest,
+              resource: str) -> dict[Any, str]:
+    """unit -> group, for units reserved to members of other groups (or other bundles) not here yet."""
+    present: dict[str, set] = {}
+    for h in holders.values():
+        if h.pg is not None and not h.waiting:
+            present.setdefault(h.pg, set()).add(h.bundle)
+    out: dict[Any, str] = {}
+    for g, r in pgs.items():
+        if r.resource != resource:
+            continue
+        for b, us in r.bundles.items():
+            if (g == req.pg and b == req.bundle) or b in present.get(g, ()):
+                continue  # our own bundle, or a member that holds its units: pinned anyway
+            for u in us:
+                out[u] = g
+    return out
+
+
+def _units(r: str, slots: tuple, pools: dict, holders: dict, pgs: dict, drained: Mapping[int, Drain],
+           pinned: set[int], req: GrantRequest, table: NodeTable, chooser: Chooser,
+           now: float) -> tuple[tuple, str | None, frozenset[str]]:
+    pool = pools[r]
+    dev = table.resources[r].device_of
+    frac = [(s, f) for s, f in slots if f < 1 - EPS]
+    if frac and frac[0][0] in pinned:
+        # Sharing a slot that live holders already use: its unit is fixed.
+        u = pool[frac[0][0]]
+        if dev.get(u) in drained:
+            return (), f"device {dev.get(u)} is drained; this share waits until its other sharers end", frozenset()
+        return (u,), None, frozenset()
+    mine = sorted(s for s, _ in slots)
+    cand = [s for s in range(len(pool)) if s not in pinned]
+    reserved = _reserved(holders, pgs, req, r)
+    avail = frozenset(u for u in (pool[s] for s in cand) if dev.get(u) not in drained and u not in reserved)
+    want, why = _pick(r, avail, len(mine), bool(frac), pgs, req, chooser, now)
+    if want is None:
+        return (), why, frozenset(reserved.values())
+    _assign(pool, cand, mine, want)
+    return tuple(want), None, frozenset()
+
+
+def _pick(r: str, avail: frozenset, k: int, shared: bool, pgs: dict, req: GrantRequest, chooser: Chooser,
+          now: float) -> tuple[tuple | None, str]:
+    if len(avail) < k:
+        return None, f"{k} unit(s) of {r} granted by Ray but only {len(avail)} free here that are neither drained " \
+                     f"nor reserved"
+    if req.pg is not None and req.bundle is not None and not shared:
+        res = pgs.get(req.pg)
+        if res is None and req.pg_bundles:
+            res = _reserve(r, avail, req, pgs, chooser, now)
+        if res is not None and res.resource == r:
+            us = res.bundles.get(req.bundle)
+            if us is not None and len(us) == k and set(us) <= avail:
+                return tuple(us), ""
+            # the reservation cannot be honoured (a device drained or taken meanwhile): choose afresh
+    return chooser.choose(r, avail, k, None if shared else req.request)
+
+
+def _reserve(r: str, avail: frozenset, req: GrantRequest, pgs: dict, chooser: Chooser, now: float) -> Reservation | None:
+    """Reserve the best set for all of the group's whole units on this node, by bundle index."""
+    sizes = {int(b): int(round(g)) for b, g in (req.pg_bundles or {}).items()
+             if g >= 1 - EPS and abs(g - round(g)) < EPS}
+    if req.bundle not in sizes or sum(sizes.values()) > len(avail):
+        return None
+    got = chooser.gang(r, avail, sizes)
+    if not got:
+        return None
+    res = Reservation(r, dict(got), now)
+    pgs[req.pg] = res
+    return res
+
+
+def _assign(pool: list, cand: list[int], mine: list[int], want: tuple) -> None:
+    """Give ``mine`` (sorted slots) the units ``want`` by permuting images among ``cand`` only."""
+    wanted = set(want)
+    freed = [pool[s] for s in mine if pool[s] not in wanted]
+    mine_set = set(mine)
+    displaced = [s for s in cand if s not in mine_set and pool[s] in wanted]
+    for s, u in zip(displaced, freed):
+        pool[s] = u
+    for s, u in zip(mine, want):
+        pool[s] = u
+
+
+def _instances(r: str, slots: tuple, pools: dict, holders: dict, drained: Mapping[int, Drain],
+               table: NodeTable) -> tuple[tuple, str | None]:
+    units = pools[r]
+    dev = table.resources[r].device_of
+    out = []
+    for slot, _ in slots:
+        if not 0 <= slot < len(units):
+            return (), f"{r} slot {slot} is not a MIG instance of this node"
+        pinned = {s for h in holders.values() if not h.waiting for s, _ in h.slots.get(r, ())}
+        pinned.discard(slot)
+        ok = [s for s in range(len(units)) if s not in pinned and dev.get(units[s]) not in drained]
+        if slot not in ok:
+            if not ok:
+                return (), f"no free {r} instance outside drained devices"
+            other = ok[0]
+            units[slot], units[other] = units[other], units[slot]
+        out.append(units[slot])
+    return tuple(out), None
+
+
+# ------------------------------------------------------------------ the other transitions
+def release(st: ArbiterState, pid: int, key: str | None = None) -> ArbiterState | None:
+    """Forget ``pid``'s grant (only grant ``key`` when given); None when nothing changes. Idempotent."""
+    h = st.holders.get(pid)
+    if h is None or (key is not None and h.key != key):
+        return None
+    holders = dict(st.holders)
+    del holders[pid]
+    return st._replace(holders=holders)
+
+
+def reap(st: ArbiterState, alive: Callable[[int], bool]) -> tuple[ArbiterState, int]:
+    """Drop holders whose process is gone; return the new state and how many."""
+    dead = [p for p in st.holders if not alive(p)]
+    if not dead:
+        return st, 0
+    return st._replace(holders={p: h for p, h in st.holders.items() if p not in dead}), len(dead)
+
+
+def memberless_groups(st: ArbiterState) -> set[str]:
+    """Reserved groups none of whose members holds a grant here (the ones worth asking Ray about)."""
+    present = {h.pg for h in st.holders.values() if h.pg is not None}
+    return {g for g in st.pgs if g not in present}
+
+
+def forget_groups(st: ArbiterState, gone: set[str] | frozenset[str]) -> tuple[ArbiterState, list[str]]:
+    """Drop the reservations of groups in ``gone`` that have no member here; return them."""
+    present = {h.pg for h in st.holders.values() if h.pg is not None}
+    drop = sorted(g for g in st.pgs if g in gone and g not in present)
+    if not drop:
+        return st, []
+    return st._replace(pgs={g: r for g, r in st.pgs.items() if g not in drop}), drop
+
+
+def drain(st: ArbiterState, device: int, reason: str, by: str, now: float) -> tuple[ArbiterState, bool]:
+    """Mark ``device`` drained; False when it already was."""
+    if device in st.drained:
+        return st, False
+    return st._replace(drained={**st.drained, device: Drain(reason, now, by)}), True
+
+
+def undrain(st: ArbiterState, device: int) -> tuple[ArbiterState, bool]:
+    """Lift a drain; False when ``device`` was not drained."""
+    if device not in st.drained:
+        return st, False
+    return st._replace(drained={d: v for d, v in st.drained.items() if d != device}), True

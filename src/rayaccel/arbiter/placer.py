@@ -1,0 +1,94 @@
+"""The placer behind the arbiter: :class:`PlacerChooser` over a topology, and :func:`bundle_order`.
+
+Used where the node table has no answer (a constrained request, a pool larger than
+:data:`~.table.PLAN_MAX`, a group of multi-device bundles) and at node start to
+precompute the table's plans (:mod:`.build`). It imports the placer and the topology
+model, so the worker path (:mod:`.choose`) loads this module only when it needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+from ..placement import NodeState, Request, allocate
+from ..topology import NodeTopology
+from .state import GPU
+
+
+class PlacerChooser:
+    """Chooses ``GPU`` units (devices) with :func:`rayaccel.placement.allocate`.
+
+    Args:
+        topology: the node's topology.
+    """
+
+    def __init__(self, topology: NodeTopology):
+        self.topology = topology
+        self._all = frozenset(topology.indices)
+
+    def choose(self, resource: str, avail: frozenset, k: int, request: Any) -> tuple[tuple | None, str]:
+        if resource != GPU:
+            return None, f"no placer for {resource} on this node"
+        if request is None:
+            request = Request(gpus=k)
+        elif request.gpus != k:
+            request = replace(request, gpus=k)
+        alloc = allocate(NodeState(self.topology, busy=self._all - avail), request)
+        if not alloc:
+            return None, "; ".join(getattr(alloc, "reasons", ()) or ("no suitable set among the free devices",))
+        return tuple(alloc.devices), ""
+
+    def gang(self, resource: str, avail: frozenset, sizes: Mapping[int, int]) -> dict[int, tuple] | None:
+        n = sum(sizes.values())
+        got, _ = self.choose(resource, avail, n, None)
+        if got is None:
+            return None
+        order = bundle_order(self.topology, list(got), [sizes[b] for b in sorted(sizes)])
+        out, i = {}, 0
+        for b in sorted(sizes):
+            out[b] = tuple(order[i:i + sizes[b]])
+            i += sizes[b]
+        return out
+
+
+def bundle_order(topology: NodeTopology, order: list[int], sizes: list[int]) -> list[int]:
+    """The devices of a best ring ``order``, arranged for bundles of ``sizes`` taken consecutively.
+
+    Bundles of several devices first get the rotation/direction of the ring whose
+    bundles are internally best linked (weakest intra-bundle link, then their total).
+    Among orders as good, the ascending one wins when it is also a best ring: Ray
+    Train ranks a node's workers by their lowest GPU id, so the ranks then follow the ring.
+    """
+    n = len(order)
+    if n <= 1:
+        return list(order)
+
+    def ring_q(o: list[int]) -> tuple[float, float]:
+        bws = [topology.bandwidth_gbps(o[i], o[(i + 1) % n]) for i in range(n)] if n > 2 else \
+            [topology.bandwidth_gbps(o[0], o[1])]
+        return (min(bws), sum(bws))
+
+    def bundle_q(o: list[int]) -> tuple[float, float]:
+        worst, total, i = float("inf"), 0.0, 0
+        for k in sizes:
+            part = o[i:i + k]
+            i += k
+            for a in range(len(part)):
+                for b in range(a + 1, len(part)):
+                    bw = topology.bandwidth_gbps(part[a], part[b])
+                    worst, total = min(worst, bw), total + bw
+        return (worst if worst != float("inf") else 0.0, total)
+
+    best_ring = ring_q(order)
+    variants = [sorted(order)]
+    for seq in (list(order), list(reversed(order))):
+        for r in range(n):
+            variants.append(seq[r:] + seq[:r])
+
+    def key(o: list[int]) -> tuple:
+        rq = ring_q(o)
+        is_best = rq[0] >= best_ring[0] - 1e-9 and rq[1] >= best_ring[1] - 1e-9
+        return (bundle_q(o), is_best, o == sorted(o))
+
+    return list(max(variants, key=key))

@@ -1,0 +1,160 @@
+"""The node table: what a worker needs to map a grant, written once at node start (``table.json``).
+
+A rayaccel node's workers decide their grants without topology objects and without
+the placer: the table holds, per Ray resource, the units behind its slots (device
+indices for ``GPU``, MIG instance keys for ``mig_<profile>``), each unit's device,
+MIG UUIDs, the visible-devices variable, each device's NUMA-local CPUs and nearest
+RDMA NICs -- and, for pools of up to :data:`PLAN_MAX` devices, every plain decision
+the placer would make: for each set of free devices and each size, the best set in
+ring order (:func:`rayaccel.arbiter.build.build_table` computes them at node start).
+A grant the table cannot answer (a constrained ``rayaccel.remote`` request, a larger
+pool, a placement group of multi-device bundles) loads the placer then.
+
+Plans are encoded compactly: ``plans[k - 1]`` is one string of ``2 ** n`` entries
+separated by ``,``, entry ``m`` answering "free pool positions = bit mask ``m``":
+empty when fewer than ``k`` are free, else the chosen positions in ring order as hex
+digits, with a ``+`` suffix when the ascending order of that set is a best ring too
+(placement groups of one-device bundles then take it: Ray Train ranks by lowest id).
+
+Nothing here imports ``ray``, the topology model or the placer (this module is on every
+worker's path).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, NamedTuple
+
+from .state import StateError
+
+SCHEMA = "rayaccel.table/1"
+TABLE_FILE = "table.json"
+#: Pools up to this many devices get every plain decision precomputed (2**n * n/2 placements).
+PLAN_MAX = 8
+
+
+class ResourceTable(NamedTuple):
+    """One Ray resource of the node.
+
+    Attributes:
+        name: the Ray resource (``GPU``, ``mig_1g.5gb``, ``neuron_cores``, ...).
+        kind: ``units`` (the placer chooses among free units) or ``mig`` (any free instance of the profile).
+        units: the units in slot order at node start.
+        device_of: unit -> its device index.
+        uuid_of: unit -> the name the visible-devices variable uses for it when not the unit itself
+            (MIG instances: their UUID).
+        plans: precomputed plain decisions (module docstring): ``plans[k - 1][mask]``, or None.
+    """
+
+    name: str
+    kind: str
+    units: tuple
+    device_of: Mapping[Any, int]
+    uuid_of: Mapping[Any, str]
+    plans: tuple[tuple[str, ...], ...] | None = None
+
+    def plan(self, positions_mask: int, k: int) -> str | None:
+        """The precomputed entry for ``k`` units among free pool positions ``positions_mask`` (None: not stored)."""
+        if self.plans is None or not 1 <= k <= len(self.plans):
+            return None
+        row = self.plans[k - 1]
+        return row[positions_mask] if 0 <= positions_mask < len(row) else None
+
+
+class NodeTable(NamedTuple):
+    """Everything a worker of the node needs at a grant (module docstring).
+
+    Attributes:
+        node_key: the node. simulated: no real devices behind it. vendor: the GPUs' vendor.
+        visible_env: the GPUs' visible-devices variable (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``).
+        resources: Ray resource -> :class:`ResourceTable`.
+        cpus: device -> its NUMA-local CPUs. nics: device -> the RDMA NICs nearest it
+            (UCX ``device:port`` names; empty when it has none at PIX/PXB).
+    """
+
+    node_key: str
+    simulated: bool
+    vendor: str
+    visible_env: str
+    resources: Mapping[str, ResourceTable]
+    cpus: Mapping[int, tuple[int, ...]]
+    nics: Mapping[int, tuple[str, ...]] = {}
+
+    def pools(self) -> dict[str, tuple]:
+        """Ray resource -> its units (what the arbiter's slot maps permute)."""
+        return {r: t.units for r, t in self.resources.items()}
+
+    def device_of(self, resource: str, unit: Any) -> int | None:
+        """The device of ``unit`` of ``resource`` (None when unknown)."""
+        t = self.resources.get(resource)
+        return None if t is None else t.device_of.get(unit)
+
+
+def encode_table(t: NodeTable) -> bytes:
+    """The table file's bytes."""
+    return json.dumps({
+        "schema": SCHEMA, "node_key": t.node_key, "simulated": t.simulated, "vendor": t.vendor,
+        "visible_env": t.visible_env,
+        "resources": {r: {"kind": x.kind, "units": list(x.units),
+                          "devices": [x.device_of[u] for u in x.units],
+                          "uuids": [x.uuid_of.get(u) for u in x.units],
+                          "plans": [",".join(row) for row in x.plans] if x.plans is not None else None}
+                      for r, x in t.resources.items()},
+        "cpus": {str(d): _ranges(c) for d, c in t.cpus.items()},
+        "nics": {str(d): list(n) for d, n in t.nics.items() if n},
+    }, separators=(",", ":")).encode()
+
+
+def decode_table(raw: bytes) -> NodeTable:
+    """Parse a table file.
+
+    Raises:
+        StateError: not a table of this schema, or a field of the wrong shape (names it).
+    """
+    try:
+        d = json.loads(raw)
+    except ValueError as e:
+        raise StateError(f"node table is not JSON: {e}") from None
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        raise StateError(f"not a {SCHEMA} node table")
+    try:
+        res = {}
+        for r, x in d["resources"].items():
+            units = tuple(x["units"])
+            devs = x["devices"]
+            uuids = x.get("uuids") or [None] * len(units)
+            if len(devs) != len(units) or len(uuids) != len(units) or not all(isinstance(i, int) for i in devs):
+                raise StateError("devices/uuids must list one entry per unit", f"resources.{r}")
+            plans = x.get("plans")
+            res[r] = ResourceTable(r, str(x["kind"]), units, dict(zip(units, devs)),
+                                   {u: v for u, v in zip(units, uuids) if v},
+                                   tuple(tuple(row.split(",")) for row in plans) if plans is not None else None)
+        cpus = {int(k): _parse_ranges(v) for k, v in d.get("cpus", {}).items()}
+        nics = {int(k): tuple(v) for k, v in d.get("nics", {}).items()}
+        return NodeTable(str(d["node_key"]), bool(d["simulated"]), str(d["vendor"]), str(d["visible_env"]),
+                         res, cpus, nics)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, StateError):
+            raise
+        raise StateError(f"malformed node table: {e!r}") from None
+
+
+def _ranges(cpus: tuple[int, ...]) -> str:
+    out, xs, i = [], sorted(set(cpus)), 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _parse_ranges(s: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in s.split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(out)
