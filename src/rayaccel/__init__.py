@@ -10,13 +10,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import RayaccelError
-from .topology import Device, Link, MigProfile, Nic, NodeTopology, Partition
-
 __version__ = "0.1.0"
 
-# name -> module that defines it (imported on first access)
+# name -> module that defines it (imported on first access: every Ray worker of a rayaccel
+# node imports this package through the hook, so nothing heavy loads here)
 _LAZY = {
+    "RayaccelError": "rayaccel.errors",
+    "Device": "rayaccel.topology",
+    "Link": "rayaccel.topology",
+    "MigProfile": "rayaccel.topology",
+    "Nic": "rayaccel.topology",
+    "NodeTopology": "rayaccel.topology",
+    "Partition": "rayaccel.topology",
     "load_topology": "rayaccel.discovery",
     "discover": "rayaccel.discovery",
     "plan": "rayaccel.placement",
@@ -32,19 +37,7 @@ _LAZY = {
     "store": "rayaccel.ray.store",
 }
 
-__all__ = sorted(
-    [
-        "Device",
-        "Link",
-        "MigProfile",
-        "Nic",
-        "NodeTopology",
-        "Partition",
-        "RayaccelError",
-        "__version__",
-        *_LAZY,
-    ]
-)
+__all__ = sorted(["__version__", *_LAZY])
 
 
 def __getattr__(name: str) -> Any:

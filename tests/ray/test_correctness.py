@@ -122,7 +122,7 @@ def _free_on(node_key):
 
     import ray
 
-    return set(ray.get(agent.handle(node_key).snapshot.remote())["free"])
+    return set(ray.get(agent.handle(node_key).snapshot.remote()).free)
 
 
 def test_devices_come_back_after_sigkill_and_actor_kill(cluster):

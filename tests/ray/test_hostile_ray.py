@@ -78,7 +78,7 @@ def test_a_lying_record_is_not_trusted(cluster, fresh_view):
     import ray
 
     from rayaccel import catalog
-    from rayaccel.ray.names import NodeRecord
+    from rayaccel.ray.record import NodeRecord
     from rayaccel.ray.status import cluster_status
     from rayaccel.topology import NodeTopology
 

@@ -252,22 +252,39 @@ def test_near_lands_next_to_the_data_and_required_holds(cluster):
 
 
 def test_amd_node_sets_hip_visible_devices_and_xgmi_sets(cluster):
+    """Two xGMI hives of four, PCIe between (a real rocm-smi capture): with one GPU held, a
+    4-GPU job gets the other hive whole -- plain Ray's lowest free slots would span both."""
     import ray
 
+    from rayaccel.discovery import load_topology
     from rayaccel.ray.view import view
 
-    nid = cluster.add_node("mi300x-8x")
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "captures",
+                        "63_rocm-smi-showtopo-8gpu-2x4-xgmi-hives-pcie-between-pyliteral.txt")
+    topo = load_topology(path)
+    nid = cluster.add_node(topo)
+    sel = {"rayaccel.io/vendor": "amd"}
     try:
         view().invalidate()
 
-        @ray.remote(num_gpus=4, label_selector={"rayaccel.io/vendor": "amd"})
-        def rocm_job():
-            import os
+        @ray.remote(num_gpus=1, label_selector=sel)
+        class One:
+            def ids(self):
+                return ray.get_gpu_ids()
 
+        one = One.remote()
+        held = ray.get(one.ids.remote(), timeout=120)
+
+        @ray.remote(num_gpus=4, label_selector=sel)
+        def rocm_job():
             return ray.get_gpu_ids(), os.environ.get("HIP_VISIBLE_DEVICES"), ray.get_runtime_context().get_node_id()
 
         ids, hip, where = ray.get(rocm_job.remote(), timeout=120)
         assert where == nid and hip == ",".join(str(i) for i in ids) and len(ids) == 4
+        assert not set(ids) & set(held)
+        links = {topo.link(min(a, b), max(a, b)).label for a in ids for b in ids if a < b}
+        assert links == {"XGMI"}, (ids, held)
+        ray.kill(one)
     finally:
         cluster.remove_node(nid)
         view().invalidate()

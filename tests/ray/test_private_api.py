@@ -55,10 +55,15 @@ def test_the_raylet_knows_the_configs_rayaccel_sets():
 
 
 def test_grant_parsing_of_placement_group_resources():
-    gpu, pg, bundle = rp.split_gpu_grant({
-        "GPU_group_1_0a1b": [(3, 1.0)], "GPU_group_0a1b": [(3, 1.0)], "bundle_group_1_0a1b": [(0, 0.001)]})
-    assert gpu == [(3, 1.0)] and pg == "0a1b" and bundle == 1
-    assert rp.split_gpu_grant({"GPU": [(0, 0.5)]}) == ([(0, 0.5)], None, None)
+    managed = {"GPU", "mig_1g.5gb"}
+    slots, pg, bundle = rp.split_grant({
+        "GPU_group_1_0a1b": [(3, 1.0)], "GPU_group_0a1b": [(3, 1.0)], "bundle_group_1_0a1b": [(0, 0.001)]}, managed)
+    assert slots == {"GPU": ((3, 1.0),)} and pg == "0a1b" and bundle == 1
+    assert rp.split_grant({"GPU": [(0, 0.5)]}, managed) == ({"GPU": ((0, 0.5),)}, None, None)
+    # MIG profiles (names with dots) in a group; resources the node does not manage are ignored
+    slots, pg, bundle = rp.split_grant({"mig_1g.5gb_group_0_ff": [(2, 1.0)], "mig_1g.5gb_group_ff": [(2, 1.0)],
+                                        "CPU": [(0, 1.0)], "neuron_cores": [(1, 1.0)]}, managed)
+    assert slots == {"mig_1g.5gb": ((2, 1.0),)} and pg == "ff" and bundle == 0
 
 
 def test_state_and_kv_functions_exist():

@@ -21,7 +21,7 @@ def _start(ctx: typer.Context,
     """
     from rich.markup import escape
 
-    from ..ray.arbiter import gpu_pool
+    from ..placement.pools import gpu_pool
     from ..ray.lifecycle import start_node
 
     res = start_node(list(ctx.args), topology, publish=not no_publish)
@@ -53,7 +53,7 @@ def _stop(node: Optional[str] = typer.Option(None, "--node", help="Key of the no
           all_nodes: bool = typer.Option(False, "--all", help="Stop every node of the cluster (run on the head)."),
           force: bool = typer.Option(False, "--force", help="SIGKILL at once instead of SIGTERM and a grace period.")) -> None:
     """Stop the Ray processes `rayaccel start` started on this machine -- never other clusters."""
-    from ..ray import lifecycle
+    from ..ray import processes as lifecycle
 
     if all_nodes:
         from ..ray.ops import stop_cluster
@@ -68,7 +68,7 @@ def _stop(node: Optional[str] = typer.Option(None, "--node", help="Key of the no
 
 
 def _only_local_address() -> str:
-    from ..ray import lifecycle
+    from ..ray import processes as lifecycle
 
     heads = [n for n in lifecycle.local_nodes() if n.head]
     if len(heads) != 1:

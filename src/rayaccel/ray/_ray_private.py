@@ -41,9 +41,9 @@ PRELOAD_ENV = "RAY_preload_python_modules"
 UNIT_INSTANCE_ENV = "RAY_custom_unit_instance_resources"
 #: Ray 2.60's default for ``custom_unit_instance_resources`` (src/ray/common/ray_config_def.h).
 UNIT_INSTANCE_DEFAULT = ("neuron_cores", "TPU", "NPU", "HPU", "RBLN", "FURIOSA", "TTNPU", "MBLT")
-#: ``GPU_group_<i>_<pg>`` (a bundle's GPUs) and ``GPU_group_<pg>`` (the group's wildcard).
-_PG_INDEXED = re.compile(r"^GPU_group_(\d+)_([0-9a-f]+)$")
-_PG_WILDCARD = re.compile(r"^GPU_group_([0-9a-f]+)$")
+#: ``<resource>_group_<i>_<pg>`` (a bundle's units) and ``<resource>_group_<pg>`` (the group's wildcard).
+_PG_INDEXED = re.compile(r"^(.+)_group_(\d+)_([0-9a-f]+)$")
+_PG_WILDCARD = re.compile(r"^(.+)_group_([0-9a-f]+)$")
 
 _PATCHED = False
 
@@ -102,35 +102,54 @@ def holder_info(worker: Any) -> dict[str, Any]:
             "job": core.get_current_job_id().hex()}
 
 
-def split_gpu_grant(ids: dict[str, list[tuple[int, float]]]) -> tuple[list[tuple[int, float]], str | None, int | None]:
-    """The GPU part of a grant: ``([(slot, fraction)], placement group hex or None, bundle index or None)``.
+def split_grant(ids: dict[str, list[tuple[int, float]]], managed: Any) -> tuple[dict[str, tuple[tuple[int, float], ...]],
+                                                                              str | None, int | None]:
+    """The grant of the ``managed`` resources: ``({resource: ((slot, fraction), ...)}, group hex or None, bundle or None)``.
 
-    A placement-group grant names its slots twice (the bundle's ``GPU_group_<i>_<pg>``
-    and the wildcard ``GPU_group_<pg>``); they are the same instances.
+    A placement-group grant names its slots twice (the bundle's ``<res>_group_<i>_<pg>``
+    and the wildcard ``<res>_group_<pg>``); they are the same instances.
     """
-    slots: dict[int, float] = {}
+    out: dict[str, dict[int, float]] = {}
     pg = bundle = None
     for name, assigned in ids.items():
-        if name == GPU:
+        if not assigned:
+            continue
+        if name in managed:
+            d = out.setdefault(name, {})
             for s, f in assigned:
-                slots[int(s)] = float(f)
+                d[int(s)] = float(f)
+            continue
+        if "_group_" not in name:
             continue
         m = _PG_INDEXED.match(name)
-        if m:
-            bundle, pg = int(m.group(1)), m.group(2)
+        if m and m.group(1) in managed:
+            bundle, pg = int(m.group(2)), m.group(3)
+            d = out.setdefault(m.group(1), {})
             for s, f in assigned:
-                slots[int(s)] = float(f)
+                d[int(s)] = float(f)
             continue
         m = _PG_WILDCARD.match(name)
-        if m:
-            pg = m.group(1)
+        if m and m.group(1) in managed:
+            pg = m.group(2)
+            d = out.setdefault(m.group(1), {})
             for s, f in assigned:
-                slots.setdefault(int(s), float(f))
-    return sorted(slots.items()), pg, bundle
+                d.setdefault(int(s), float(f))
+    return {r: tuple(sorted(d.items())) for r, d in out.items()}, pg, bundle
 
 
-def pg_gpus_on_node(pg_hex: str, node_id: str) -> dict[int, float] | None:
-    """GPUs of each bundle of placement group ``pg_hex`` placed on ``node_id`` (None when the group is gone)."""
+def task_function_name(worker: Any) -> str:
+    """``<module>.<qualname>`` of the function the worker runs now (an actor's: its class's method)."""
+    try:
+        return worker.core_worker.get_current_task_function_name() or ""
+    except AttributeError:
+        return ""
+
+
+def pg_bundles_on_node(pg_hex: str, node_id: str, resource: str = GPU) -> dict[int, float] | None:
+    """``resource`` of each bundle of placement group ``pg_hex`` placed on ``node_id`` (None when the group is gone).
+
+    One GCS request: call it outside any lock.
+    """
     from ray._private import state
 
     table = state.state.placement_group_table(_pg_id(pg_hex))
@@ -139,8 +158,8 @@ def pg_gpus_on_node(pg_hex: str, node_id: str) -> dict[int, float] | None:
     out = {}
     where = table.get("bundles_to_node_id") or {}
     for idx, res in (table.get("bundles") or {}).items():
-        if where.get(idx) == node_id and res.get(GPU):
-            out[int(idx)] = float(res[GPU])
+        if where.get(idx) == node_id and res.get(resource):
+            out[int(idx)] = float(res[resource])
     return out
 
 

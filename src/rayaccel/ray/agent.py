@@ -18,9 +18,23 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+from ..arbiter import decide as D
+from ..arbiter.state import GPU, Snapshot, held_devices, snapshot_of
+from ..arbiter.statefile import Arbiter, LockTimeout
+from ..arbiter.table import TABLE_FILE, decode_table
+from ..errors import ClusterError
+from . import _ray_private as rp
+from . import kv
+from .hook import pg_alive
+from .names import drain_name
+from .processes import PROCESSES, _local, stop_local
+from .record import NodeRecord
 
 log = logging.getLogger(__name__)
 NAMESPACE = "rayaccel"
@@ -28,6 +42,8 @@ PREFIX = "rayaccel-agent-"
 PERIOD_S = 1.0
 #: Ray's used GPUs must exceed hooked holders' for this long before slots count as held unhooked, seconds.
 UNHOOKED_AFTER_S = 3.0
+#: The agent never waits longer than this for the node lock (a stuck holder is reported instead), seconds.
+LOCK_TIMEOUT_S = 1.0
 
 
 def agent_name(node_key: str) -> str:
@@ -35,58 +51,21 @@ def agent_name(node_key: str) -> str:
     return f"{PREFIX}{node_key}"
 
 
-def snapshot_of(arbiter: Any, state: dict | None = None) -> dict:
-    """The publishable snapshot of a node from its arbiter state (pure; see module docstring)."""
-    st = state if state is not None else arbiter.snapshot()
-    gpu = st["pools"]["GPU"]
-    holders = []
-    used: set[int] = set()
-    mig_held: set[str] = set()
-    slots_held = 0.0
-    shared: dict[int, float] = {}
-    for pid, h in sorted(st["holders"].items(), key=lambda kv: kv[1].get("since", 0)):
-        devs = [gpu[s] for s, _ in h.get("gpu", ()) if 0 <= s < len(gpu)]
-        waiting = h.get("waiting")
-        target = h.get("drain")
-        placeholder = target is not None
-        on_target = placeholder and target in devs
-        for s, f in h.get("gpu", ()):
-            slots_held += f
-            if not waiting and (not placeholder or on_target):
-                used.add(gpu[s])
-                if f < 1 - 1e-6:
-                    shared[gpu[s]] = shared.get(gpu[s], 0.0) + f
-        parts = [st["pools"].get(r, [None] * (s + 1))[s] for r, s in h.get("mig", ())
-                 if 0 <= s < len(st["pools"].get(r, ()))]
-        if not waiting:
-            mig_held.update(p for p in parts if p)
-        holders.append({"pid": int(pid), "name": h.get("name"), "kind": h.get("kind"), "job": h.get("job"),
-                        "id": str(h.get("key", "")).split(":")[-1], "since": h.get("since"), "devices": [] if waiting else devs,
-                        "partitions": parts, "shared": any(f < 1 - 1e-6 for _, f in h.get("gpu", ())),
-                        "waiting": waiting, "drain": target, "pg": h.get("pg"), "bundle": h.get("bundle")})
-    drained = {int(d): v for d, v in st["drained"].items()}
-    free = sorted(d for d in gpu if d not in used and d not in drained)
-    return {"at": time.time(), "free": free, "holders": holders, "drained": {str(k): v for k, v in drained.items()},
-            "mig_held": sorted(mig_held), "shared": {str(k): round(v, 4) for k, v in shared.items()},
-            "slots_held": round(slots_held, 4), "resets": st.get("resets", 0), "pgs": st.get("pgs", {})}
-
-
 class NodeAgent:
     """The agent's body (the actor wraps it; tests may drive it directly)."""
 
     def __init__(self, node_key: str, node_dir: str | None = None, period_s: float = PERIOD_S):
-        from .arbiter import Arbiter
-        from .names import NodeRecord
-
         self.node_key = node_key
         self.dir = node_dir or os.environ.get("RAYACCEL_NODE_DIR")
         if not self.dir:
             raise RuntimeError("rayaccel agent: RAYACCEL_NODE_DIR is not set (not a rayaccel node)")
         with open(os.path.join(self.dir, "record.json"), "rb") as f:
             self.record = NodeRecord.from_json(f.read(), where=self.dir)
-        self.arbiter = Arbiter(self.dir, self.record.topology)
+        with open(os.path.join(self.dir, TABLE_FILE), "rb") as f:
+            self.table = decode_table(f.read())
+        self.arbiter = Arbiter(self.dir, self.table, topology=self.record.topology)
         self.period_s = period_s
-        self.last: dict = {}
+        self.last: Snapshot | None = None
         self.errors = 0
         self._over_since: float | None = None
         self.unhooked = 0.0
@@ -120,9 +99,17 @@ class NodeAgent:
                 log.exception("rayaccel agent %s: period failed", self.node_key)
             self._stop.wait(self.period_s)
 
-    def tick(self, publish: bool = True) -> dict:
-        """One period: reap, run extensions, snapshot, publish. Returns the snapshot."""
-        self.arbiter.reap()
+    def tick(self, publish: bool = True) -> Snapshot:
+        """One period: reap, run extensions, snapshot, publish. Returns the snapshot.
+
+        The node lock is never waited on for long: when a stuck process holds it, the
+        period publishes the last snapshot with the holder named (``Snapshot.lock``).
+        """
+        lock = None
+        try:
+            self.arbiter.reap(timeout_s=LOCK_TIMEOUT_S)
+        except LockTimeout as e:
+            lock = e.holder
         for ext in list(self.extensions):
             try:
                 ext(self)
@@ -130,43 +117,49 @@ class NodeAgent:
                 self.errors += 1
                 log.exception("rayaccel agent %s: %s failed", self.node_key, getattr(ext, "__name__", ext))
         self._track_demand()
-        st = self.arbiter.snapshot()
-        if st["pgs"]:  # reservations of groups Ray has removed go, so they stop keeping devices free
-            from .hook import _pg_alive
-
-            for pg in self.arbiter.forget_removed_groups(_pg_alive):
-                st["pgs"].pop(pg, None)
-        snap = snapshot_of(self.arbiter, st)
+        st = None
+        if lock is None:
+            try:
+                st = self.arbiter.read(timeout_s=LOCK_TIMEOUT_S)
+            except LockTimeout as e:
+                lock = e.holder
+        if st is not None:
+            # reservations of groups Ray has removed go, so they stop keeping devices free (asked outside the lock)
+            gone = {g for g in D.memberless_groups(st) if not pg_alive(g)}
+            if gone and self.arbiter.forget_groups(gone):
+                st = st._replace(pgs={g: r for g, r in st.pgs.items() if g not in gone})
+            snap = snapshot_of(st, self.table.device_of, at=time.time(), alive=self.arbiter.alive)
+        else:
+            log.warning("rayaccel agent %s: the node lock is held by pid %s (%s) for %.1f s; publishing the last "
+                        "snapshot", self.node_key, lock.pid if lock else "?", lock.what if lock else "?",
+                        lock.held_s if lock else 0.0)
+            snap = self.last or Snapshot(at=time.time(), node_key=self.node_key)
         new, self._log_at = self.arbiter.decisions(self._log_at)
-        self.recent = (self.recent + new)[-64:]
-        snap["decisions"] = self.recent[-32:]
-        snap["new_decisions"] = new
-        snap["unhooked_slots"] = self._unhooked(snap)
-        snap["node_key"] = self.node_key
-        snap["agent_errors"] = self.errors
-        snap["health"] = self.watcher.summary() if self.watcher is not None else {"error": self.health_error}
+        new_t = tuple((float(t), float(us), tuple(devs), int(n)) for t, us, devs, n in new)
+        self.recent = (self.recent + list(new_t))[-64:]
+        snap = snap._replace(at=time.time(), node_key=self.node_key, decisions=tuple(self.recent[-32:]),
+                             new_decisions=new_t, agent_errors=self.errors,
+                             health=self.watcher.summary() if self.watcher is not None else {"error": self.health_error},
+                             lock=lock)
+        snap = snap._replace(unhooked_slots=self._unhooked(snap))
         self.last = snap
         if publish:
-            from . import kv
-
             kv.publish_state(self.node_key, snap)
         return snap
 
-    def _unhooked(self, snap: dict) -> float:
+    def _unhooked(self, snap: Snapshot) -> float:
         """GPU slots Ray shows in use beyond what hooked holders hold (sustained for a few seconds)."""
         try:
             import ray
 
             nid = ray.get_runtime_context().get_node_id()
-            from . import _ray_private as rp
-
             avail = rp.available_resources_per_node().get(nid, {})
             if self._total_gpus is None:  # a node's total does not change: read it once
                 self._total_gpus = float(rp.total_resources_per_node().get(nid, {}).get("GPU", 0.0))
         except Exception:  # noqa: BLE001 - not in Ray (tests driving the body): unknown
             return 0.0
         used = self._total_gpus - float(avail.get("GPU", 0.0))
-        over = used - snap["slots_held"]
+        over = used - snap.slots_held
         now = time.monotonic()
         if over > 0.5:
             if self._over_since is None:
@@ -179,8 +172,8 @@ class NodeAgent:
         return self.unhooked
 
     # ------------------------------------------------------------ requests
-    def snapshot(self, fresh: bool = True) -> dict:
-        return self.tick(publish=True) if fresh or not self.last else self.last
+    def snapshot(self, fresh: bool = True) -> Snapshot:
+        return self.tick(publish=True) if fresh or self.last is None else self.last
 
     def drain(self, device: int, reason: str = "drained by an operator", by: str = "operator",
               kill: bool = False) -> dict:
@@ -190,13 +183,11 @@ class NodeAgent:
         Ray then fails or retries their tasks as it would after any worker death).
         Idempotent. Returns what was done.
         """
-        from ..errors import ClusterError
-
         if device not in self.record.topology.indices:
             raise ClusterError(f"node {self.node_key} has no device {device} "
                                f"(devices {list(self.record.topology.indices)})")
         new = self.arbiter.drain(device, reason[:500], by)
-        placed = self._placeholder(device) if device in self.arbiter.pool else False
+        placed = self._placeholder(device) if device in self.table.resources[GPU].units else False
         killed = self._kill_holders(device) if kill else []
         self.tick()
         return {"device": device, "new": new, "placeholder": placed, "killed": killed}
@@ -212,8 +203,6 @@ class NodeAgent:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from .names import drain_name
-
         nid = self.node_id or ray.get_runtime_context().get_node_id()
         placeholder_cls().options(name=drain_name(self.node_key, device), namespace=NAMESPACE, lifetime="detached",
                                   get_if_exists=True,
@@ -223,37 +212,27 @@ class NodeAgent:
     def _drop_placeholder(self, device: int) -> None:
         import ray
 
-        from .names import drain_name
-
         try:
             ray.kill(ray.get_actor(drain_name(self.node_key, device), namespace=NAMESPACE))
         except ValueError:
             pass
 
     def _kill_holders(self, device: int) -> list[int]:
-        import signal
-
-        st = self.arbiter.snapshot()
-        gpu = st["pools"]["GPU"]
+        st = self.arbiter.read()
         pids = []
-        for pid, h in st["holders"].items():
-            if h.get("drain") is not None:
+        for pid, h in st.holders.items():
+            if h.drain is not None or not self.arbiter.alive(pid):
                 continue
-            on = any(0 <= s < len(gpu) and gpu[s] == device for s, _ in h.get("gpu", ()))
-            parts = [st["pools"].get(r, [])[s] for r, s in h.get("mig", ()) if 0 <= s < len(st["pools"].get(r, []))]
-            on = on or any(str(k).startswith(f"{device}:") for k in parts)
-            if on:
+            if device in held_devices(h, st.pools, self.table.device_of):
                 try:
-                    os.kill(int(pid), signal.SIGKILL)
-                    pids.append(int(pid))
+                    os.kill(pid, signal.SIGKILL)
+                    pids.append(pid)
                 except (ProcessLookupError, PermissionError):
                     pass
         return pids
 
     def inject(self, kind: str, device: int, **kw: Any) -> None:
         """Inject a simulated hardware fault (see :meth:`.health.Watcher.inject`)."""
-        from ..errors import ClusterError
-
         if self.watcher is None:
             raise ClusterError(f"node {self.node_key} has no health watcher ({self.health_error or 'no probe'})")
         self.watcher.inject(kind, device, **kw)
@@ -273,7 +252,7 @@ class NodeAgent:
             return
         try:
             import ray
-            from ray.autoscaler.v2.sdk import get_cluster_status
+            from ray.autoscaler.v2.sdk import get_cluster_status  # the autoscaler SDK loads only on the head
 
             cs = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=5)
         except Exception as e:  # noqa: BLE001 - demand is advisory (doctor says when it is unreadable)
@@ -291,9 +270,6 @@ class NodeAgent:
 
     def stop_node(self, force: bool = False) -> bool:
         """Stop this node's processes recorded by ``rayaccel start`` (this agent dies with them)."""
-        from pathlib import Path
-
-        from .lifecycle import PROCESSES, _local, stop_local
 
         d = Path(self.dir)
         if not (d / PROCESSES).is_file():
@@ -334,8 +310,6 @@ def actor_cls() -> Any:
 
                 self.body = NodeAgent(node_key)
                 self.body.node_id = ray.get_runtime_context().get_node_id()
-                from . import _ray_private as rp
-
                 total = rp.total_resources_per_node().get(self.body.node_id, {})
                 self.body._is_head = "node:__internal_head__" in total
                 from . import health, metrics

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RequestError, Unsatisfiable
-from .arbiter import gpu_pool
-from .names import LABEL_PREFIX, NODE_KEY_LABEL, mig_resource
+from ..placement.pools import gpu_pool, mig_resource
+from .names import LABEL_PREFIX, NODE_KEY_LABEL
 from .view import NodeView, claims, node_state, view
 
 #: Ray's resource precision (``num_gpus`` is kept to 4 decimals).

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 from ..errors import ClusterError
 from ..topology import NodeTopology
-from .arbiter import gpu_pool
-from .names import NodeRecord, node_labels, node_resources
+from ..placement.pools import gpu_pool
+from .record import NodeRecord, node_labels, node_resources
 from .node import node_env, prepare, resolve_topology
 
 

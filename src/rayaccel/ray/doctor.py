@@ -51,8 +51,11 @@ def node_facts(agent: Any) -> dict:
     facts: dict[str, Any] = {"node_key": agent.node_key, "ray": ray.__version__, "rayaccel": rayaccel.__version__,
                              "python": platform.python_version(), "hook": "rayaccel.ray.hook" in sys.modules,
                              "patched": rp._PATCHED, "simulated": agent.record.simulated,
-                             "unhooked_slots": (agent.last or {}).get("unhooked_slots", 0.0),
-                             "health_error": agent.health_error, "resets": (agent.last or {}).get("resets", 0)}
+                             "unhooked_slots": agent.last.unhooked_slots if agent.last is not None else 0.0,
+                             "health_error": agent.health_error,
+                             "resets": agent.last.resets if agent.last is not None else 0}
+    lock = agent.arbiter.lock_info()
+    facts["lock"] = lock._asdict() if lock is not None else None
     try:
         from ..doctor import local_checks
 
@@ -152,6 +155,14 @@ def _node_rows(key: str, f: dict) -> list[Row]:
                         "add rayaccel to that runtime_env (pip: [\"rayaccel\"]) or use the default environment"))
     else:
         rows.append(Row(key, "worker environments", "ok", "every GPU worker runs the hook"))
+    lock = f.get("lock")
+    if lock:
+        rows.append(Row(key, "node lock", "fail",
+                        f"held for {lock['held_s']:.1f} s by pid {lock['pid']} ({lock['what'][:120]}): every GPU grant "
+                        f"on this node waits", "find out why that process is stuck (py-spy dump --pid "
+                        f"{lock['pid']}); killing it frees the lock"))
+    else:
+        rows.append(Row(key, "node lock", "ok", "the arbiter's lock is free or held only briefly"))
     if f.get("resets"):
         rows.append(Row(key, "arbiter state", "warn", "the arbiter's state file was damaged and rebuilt",
                         "see the node's log; a rebuilt state forgets holders that were running"))

@@ -4,25 +4,31 @@ A rayaccel node's raylet is started with ``RAY_preload_python_modules=rayaccel.r
 and ``RAYACCEL_NODE_DIR=<node directory>`` (see :mod:`.node`), so every worker it
 spawns -- whatever driver submitted the work: a plain ``ray.init(address=...)``
 driver, a Ray Job, Serve's or Train's controller -- imports this module. Importing
-it wraps Ray's single in-worker GPU-id function (:func:`._ray_private.install`):
+it wraps Ray's single in-worker accelerator-id function (:func:`._ray_private.install`):
 
 * at a grant (a new task, or an actor's creation) the raylet's slot indices are
-  turned into physical devices by the node's :class:`~.arbiter.Arbiter`;
+  turned into physical units by the node's arbiter (:mod:`rayaccel.arbiter`), from the
+  node table written at node start -- no topology objects and no placer in the worker
+  unless the table has no answer or someone asks :func:`rayaccel.get_devices`;
 * ``ray.get_gpu_ids()``, ``get_runtime_context().get_accelerator_ids()``, the
-  ``CUDA_VISIBLE_DEVICES`` Ray writes (ordered; MIG instances by UUID), the
-  vendor's own variable (``HIP_VISIBLE_DEVICES`` on AMD), CPU affinity (the
-  devices' NUMA-local CPUs) and :func:`rayaccel.get_devices` all name those devices.
+  ``CUDA_VISIBLE_DEVICES`` Ray writes (ordered; MIG instances by UUID), the vendor's
+  own variable (``HIP_VISIBLE_DEVICES`` on AMD), CPU affinity (the devices' NUMA-local
+  CPUs) and :func:`rayaccel.get_devices` all name those units.
 
-A grant the arbiter cannot serve yet (a drained device, a constrained
-``rayaccel.remote`` request) waits here, before user code, polling. Outside a
-rayaccel node (no ``RAYACCEL_NODE_DIR``) importing this does nothing.
+``rayaccel.remote`` work is decided once, with its constraints: the hook leaves its
+grant to the task's own set-up (:func:`decide_with`, before user code), which knows
+the request. A grant the arbiter cannot serve yet (a drained device, a constrained
+request) waits there, before user code, polling. Outside a rayaccel node (no
+``RAYACCEL_NODE_DIR``) importing this does nothing.
 
-A worker whose environment lacks rayaccel (a ``runtime_env`` with its own
-packages) cannot import this: Ray logs the import error and the worker runs
-unhooked. It then sees only the placeholder ids the node's raylet was started
-with (``CUDA_VISIBLE_DEVICES=rayaccel-unhooked-0,...``), i.e. no GPU at all --
-never a device another worker holds; ``rayaccel status`` and ``doctor`` report
-GPU slots held without the hook.
+A worker whose environment lacks rayaccel (a ``runtime_env`` with its own packages)
+cannot import this: Ray logs the import error and the worker runs unhooked. It then
+sees only the placeholder ids the node's raylet was started with
+(``CUDA_VISIBLE_DEVICES=rayaccel-unhooked-0,...``), i.e. no GPU at all -- never a device
+another worker holds; ``rayaccel status`` and ``doctor`` report GPU slots held without the hook.
+
+Start-up cost is what every Ray worker of the node pays, so this module imports only
+the standard library, :mod:`._ray_private` and the arbiter's small worker-side modules.
 """
 
 from __future__ import annotations
@@ -32,8 +38,15 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+from ..arbiter.decide import Grant, GrantRequest
+from ..arbiter.state import GPU
+from ..arbiter.statefile import Arbiter
+from ..arbiter.table import TABLE_FILE, NodeTable, decode_table
+from ..errors import ClusterError
+from . import _ray_private as rp
+from .names import DRAIN_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -43,77 +56,121 @@ UNHOOKED_PREFIX = "rayaccel-unhooked-"
 #: Polling period while a grant waits (doubles up to the max), seconds.
 WAIT_POLL_S = 0.02
 WAIT_POLL_MAX_S = 0.25
-#: Visible-devices variable per vendor.
-VISIBLE_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES"}
+#: A finished task's grant is released this long after its code returned, unless the same
+#: worker has taken a new grant by then (which replaces the record at no extra cost), seconds.
+RELEASE_AFTER_S = 0.02
+#: How long a placement group seen alive is trusted to be alive, seconds.
+PG_ALIVE_TTL_S = 1.0
+#: Functions of this module are ``rayaccel.remote`` work: their set-up decides their grant.
+REMOTE_MODULE = "rayaccel.ray.tasks."
+#: The NIC variable UCX (and so NIXL, RDT's NIXL transport) reads.
+UCX_NET_DEVICES = "UCX_NET_DEVICES"
 
-_LOCK = threading.RLock()
-_NODE: "_NodeSide | None" = None
-_CURRENT: "Current | None" = None
-_ORIGINAL_AFFINITY: set[int] | None = None
-_REFINED: dict = {}  # grant key -> request applied by refine()
 
+class Current(NamedTuple):
+    """This process's current grant (one at a time: a task, or the actor).
 
-@dataclass(frozen=True, slots=True)
-class Current:
-    """This process's current grant (one at a time: a task, or the actor)."""
+    Attributes:
+        sig: (grant key, slots) -- a grant with the same sig is the same grant.
+        ids: what Ray's GPU-id function returns (device indices, then MIG UUIDs).
+        devices: GPU devices in order. partitions: MIG instance keys.
+        key: the grant key. request: the constraints it was decided with (``rayaccel.remote``), or None.
+        state_mtime_ns: the state file's mtime right after this grant was written (a reused
+            worker granted the same slots while it is unchanged keeps its devices).
+    """
 
     sig: tuple
     ids: tuple
     devices: tuple[int, ...]
     partitions: tuple[str, ...]
     key: str
+    request: Any = None
+    state_mtime_ns: int | None = None
 
 
 class _NodeSide:
-    """What a worker knows of its node (loaded once per process from the node directory)."""
+    """What a worker knows of its node: the table (loaded at the first grant) and the arbiter."""
 
     def __init__(self, node_dir: str):
-        from ..errors import TopologyError
-        from .arbiter import Arbiter
-        from .names import NodeRecord
-
-        path = os.path.join(node_dir, "record.json")
+        self.dir = node_dir
+        path = os.path.join(node_dir, TABLE_FILE)
         try:
             with open(path, "rb") as f:
-                self.record = NodeRecord.from_json(f.read())
+                self.table: NodeTable = decode_table(f.read())
         except OSError as e:
-            raise TopologyError(f"cannot read the node record {path}: {e.strerror}", path) from None
-        self.dir = node_dir
-        self.topology = self.record.topology
-        self.arbiter = Arbiter(node_dir, self.topology)
-        vendors = {d.vendor for d in self.topology.devices}
-        self.vendor = vendors.pop() if len(vendors) == 1 else "nvidia"
-        self.env_var = VISIBLE_ENV.get(self.vendor, "CUDA_VISIBLE_DEVICES")
+            raise ClusterError(f"cannot read the node table {path}: {e.strerror}") from None
+        self.arbiter = Arbiter(node_dir, self.table, topology=self._topology)
+        self.managed = frozenset(self.table.resources)
+        self.env_var = self.table.visible_env
         self.default_visible = os.environ.get(self.env_var)
+        self.user_ucx = os.environ.get(UCX_NET_DEVICES)
+        self._record: Any = None
+
+    @property
+    def record(self) -> Any:
+        """The node's :class:`~.record.NodeRecord` (parsed on first use: topology objects cost start-up time)."""
+        if self._record is None:
+            from .record import NodeRecord  # the topology model loads only when someone needs it
+
+            path = os.path.join(self.dir, "record.json")
+            try:
+                with open(path, "rb") as f:
+                    self._record = NodeRecord.from_json(f.read(), where=path)
+            except OSError as e:
+                raise ClusterError(f"cannot read the node record {path}: {e.strerror}") from None
+        return self._record
+
+    @property
+    def topology(self) -> Any:
+        return self.record.topology
+
+    def _topology(self) -> Any:
+        return self.record.topology
 
 
-def node() -> "_NodeSide | None":
+class _Worker:
+    """This process's side of the hook: its node, its grant, its pending release (one object, not globals)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.node: _NodeSide | None = None
+        self.current: Current | None = None
+        self.last: Current | None = None  # the last grant decided plainly (what _same_as_last compares with)
+        self.pending: dict[str, float] = {}  # grant key -> when it may be released
+        self.release_event: threading.Event | None = None
+        self.original_affinity: set[int] | None = None
+        self.pg_seen: dict[str, float] = {}  # group -> when last seen alive
+
+
+_W = _Worker()
+
+
+def node() -> _NodeSide | None:
     """This worker's node side, or None outside a rayaccel node.
 
     Raises:
-        TopologyError / ClusterError: the node directory or its record is unreadable.
+        ClusterError / StateError: the node directory or its table is unreadable.
     """
-    global _NODE
-    if _NODE is None:
+    ns = _W.node
+    if ns is None:
         d = os.environ.get(NODE_DIR_ENV)
         if not d:
             return None
-        with _LOCK:
-            if _NODE is None:
-                _NODE = _NodeSide(d)
-    return _NODE
+        with _W.lock:
+            if _W.node is None:
+                _W.node = _NodeSide(d)
+            ns = _W.node
+    return ns
 
 
-def current() -> "Current | None":
+def current() -> Current | None:
     """The grant this process holds now, as the arbiter decided it (None: no devices)."""
-    return _CURRENT
+    return _W.current
 
 
 # ----------------------------------------------------------------- the patch
 def _get_ids(original: Any, worker: Any, resource_name: str, regex: str) -> list:
-    from . import _ray_private as rp
-
-    if resource_name != rp.GPU:
+    if resource_name != GPU:
         return original(worker, resource_name, regex)
     try:
         ns = node()
@@ -122,175 +179,176 @@ def _get_ids(original: Any, worker: Any, resource_name: str, regex: str) -> list
         return original(worker, resource_name, regex)
     if ns is None:
         return original(worker, resource_name, regex)
-    ids = rp.resource_ids(worker)
-    gpu, pg, bundle = rp.split_gpu_grant(ids)
-    mig = tuple(sorted((r, int(s)) for r, assigned in ids.items() if r.startswith("mig_") for s, _ in assigned))
+    slots, pg, bundle = rp.split_grant(rp.resource_ids(worker), ns.managed)
     key = rp.grant_key(worker)
-    sig = (key, tuple(gpu), mig)
-    cur = _CURRENT
+    sig = (key, tuple(sorted(slots.items())))
+    cur = _W.current
     if cur is not None and cur.sig == sig:
         return list(cur.ids)
-    with _LOCK:
-        cur = _CURRENT
+    with _W.lock:
+        cur = _W.current
         if cur is not None and cur.sig == sig:
             return list(cur.ids)
-        if not gpu and not mig:
+        if not slots:
             if cur is not None:
                 _drop(ns)
             return []
-        again = _same_as_last(ns, tuple(gpu), mig, pg, key)
+        if rp.task_function_name(worker).startswith(REMOTE_MODULE):
+            # rayaccel.remote work: its set-up (decide_with) decides once, with its constraints.
+            # Until then (before user code) Ray's placeholder ids stand: no device.
+            _W.current = None
+            return original(worker, resource_name, regex)
+        again = _same_as_last(ns, sig, pg)
         if again is not None:
             return list(again.ids)
-        return list(_decide(ns, worker, key, sig, tuple(gpu), mig, pg, bundle, _REFINED.get(key)).ids)
+        return list(_decide(ns, worker, key, sig, slots, pg, bundle, None).ids)
 
 
-#: (slots, MIG slots, Current, its key, state file mtime after our write, the key written in the state file)
-#: of this worker's last grant.
-_LAST: tuple | None = None
-
-
-def _same_as_last(ns: _NodeSide, gpu: tuple, mig: tuple, pg: str | None, key: str) -> "Current | None":
+def _same_as_last(ns: _NodeSide, sig: tuple, pg: str | None) -> Current | None:
     """A reused worker granted the very slots it just had, while nothing else changed on the node.
 
     Its record still holds those slots (its release was pending, now superseded), so they
-    kept their devices; if the state file is untouched since this worker wrote it, no
-    drain or other change happened either: the same devices, with no lock and no I/O.
+    kept their units; if the state file is untouched since this worker wrote it, no
+    drain or other change happened either: the same units, with no lock and no I/O.
     """
-    global _CURRENT
-    last = _LAST
-    if last is None or pg is not None or key in _REFINED or last[0] != gpu or last[1] != mig:
+    last = _W.last
+    if last is None or pg is not None or last.request is not None or last.sig[1] != sig[1] \
+            or last.key not in _W.pending or last.state_mtime_ns is None:
         return None
-    if last[5] not in _PENDING_RELEASE:
+    if ns.arbiter.state_mtime_ns() != last.state_mtime_ns:
         return None
-    try:
-        if os.stat(ns.arbiter._state_path).st_mtime_ns != last[4]:
-            return None
-    except OSError:
-        return None
-    _PENDING_RELEASE.clear()
-    prev = last[2]
-    _CURRENT = Current(sig=(key, gpu, mig), ids=prev.ids, devices=prev.devices, partitions=prev.partitions, key=key)
-    globals()["_LAST"] = (gpu, mig, _CURRENT, key, last[4], last[5])
-    return _CURRENT
+    _W.pending.clear()
+    _W.current = last._replace(sig=sig)
+    return _W.current
 
 
 def _drop(ns: _NodeSide) -> None:
-    global _CURRENT
-    _CURRENT = None
+    _W.current = None
     try:
         ns.arbiter.release(os.getpid())
     except OSError as e:
         log.warning("rayaccel hook: could not release this worker's grant: %s", e)
 
 
-def _decide(ns: _NodeSide, worker: Any, key: str, sig: tuple, gpu: tuple, mig: tuple, pg: str | None,
-            bundle: int | None, request: Any) -> Current:
-    """Ask the arbiter (waiting while it cannot serve the grant); set :data:`_CURRENT`."""
-    global _CURRENT
-    from . import _ray_private as rp
-    from .arbiter import GrantRequest
-
-    _PENDING_RELEASE.clear()  # this grant replaces this worker's record: nothing else to release
+def _decide(ns: _NodeSide, worker: Any, key: str, sig: tuple, slots: dict, pg: str | None, bundle: int | None,
+            request: Any) -> Current:
+    """Ask the arbiter (waiting while it cannot serve the grant); set the current grant."""
+    _W.pending.clear()  # this grant replaces this worker's record: nothing else to release
     info = rp.holder_info(worker)
     drain = _drain_target(info)
     pg_bundles = None
-    if pg is not None and bundle is not None and ns.arbiter.needs_pg(pg):
-        try:
-            pg_bundles = rp.pg_gpus_on_node(pg, rp.node_id(worker))
-        except Exception as e:  # noqa: BLE001 - without the group's shape each member chooses alone
-            log.warning("rayaccel hook: placement group %s unreadable (%s); choosing this bundle alone", pg, e)
-    req = GrantRequest(pid=os.getpid(), key=key, gpu=gpu, mig=mig, pg=pg, bundle=bundle, pg_bundles=pg_bundles,
-                       request=request, drain=drain, info=info)
-    delay = WAIT_POLL_S
-    warned = 0.0
-    t0 = time.monotonic()
+    if pg is not None and bundle is not None:
+        st = ns.arbiter.peek()
+        if st is None or pg not in st.pgs:
+            res = next(iter(slots))
+            try:  # one GCS read, before the lock
+                pg_bundles = rp.pg_bundles_on_node(pg, rp.node_id(worker), res)
+            except Exception as e:  # noqa: BLE001 - without the group's shape each member chooses alone
+                log.warning("rayaccel hook: placement group %s unreadable (%s); choosing this bundle alone", pg, e)
+    req = GrantRequest(pid=os.getpid(), key=key, slots=slots, pg=pg, bundle=bundle, pg_bundles=pg_bundles,
+                       request=request, drain=drain, info={k: v for k, v in info.items() if k != "id"})
+    g = _grant_waiting(ns, req)
+    ids: list = list(g.devices)
+    ids += [ns.table.resources[r].uuid_of.get(u, u) for r, us in g.units.items() if r != GPU for u in us]
+    plain = drain is None and request is None and pg is None
+    cur = Current(sig=sig, ids=tuple(ids), devices=g.devices, partitions=g.partitions, key=key, request=request,
+                  state_mtime_ns=ns.arbiter.state_mtime_ns() if plain else None)
+    _W.current = cur
+    _W.last = cur if plain else None
+    return cur
+
+
+def _grant_waiting(ns: _NodeSide, req: GrantRequest) -> Grant:
+    """Grant ``req``, retrying while it waits; ask Ray (outside the lock) about groups that block it."""
+    delay, warned, t0 = WAIT_POLL_S, 0.0, time.monotonic()
     while True:
-        g = ns.arbiter.grant(req, pg_alive=_pg_alive)
+        g = ns.arbiter.grant(req)
         if g.waiting is None:
-            break
+            return g
+        if g.blocked_by:
+            gone = frozenset(p for p in g.blocked_by if not _pg_alive(p))
+            if gone - req.gone:
+                req = req._replace(gone=req.gone | gone)
+                continue
         now = time.monotonic()
         if now - warned > 30.0:
-            log.warning("rayaccel: grant %s waits (%.0f s so far): %s", key, now - t0, g.waiting)
+            log.warning("rayaccel: grant %s waits (%.0f s so far): %s", req.key, now - t0, g.waiting)
             warned = now
         time.sleep(delay)
         delay = min(WAIT_POLL_MAX_S, delay * 2)
-    ids: list = list(g.devices)
-    ids += [ns.arbiter.uuid(k) or k for k in g.partitions]
-    _CURRENT = Current(sig=sig, ids=tuple(ids), devices=tuple(g.devices), partitions=tuple(g.partitions), key=key)
-    global _LAST
-    _LAST = None
-    if drain is None and request is None and pg is None:
-        try:
-            _LAST = (gpu, mig, _CURRENT, key, os.stat(ns.arbiter._state_path).st_mtime_ns, key)
-        except OSError:
-            pass
-    return _CURRENT
 
 
 def _drain_target(info: dict) -> int | None:
-    from .names import drain_target
-
-    if info.get("kind") != "actor":
+    """The device a drain placeholder actor must hold (from its name), else None."""
+    name = info.get("name") or ""
+    if info.get("kind") != "actor" or not name.startswith(DRAIN_PREFIX):
         return None
-    return drain_target(info.get("name") or "")
-
-
-_PG_SEEN: dict[str, float] = {}  # group -> when it was last seen alive (a removed group stays removed)
-_PG_ALIVE_TTL_S = 1.0
+    tail = name[len(DRAIN_PREFIX):].rsplit("-", 1)
+    return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else None
 
 
 def _pg_alive(pg: str) -> bool:
-    """Does placement group ``pg`` still exist? (One GCS read, remembered for a second.)"""
-    from . import _ray_private as rp
-
+    """Does placement group ``pg`` still exist? (One GCS read, remembered for a second; never under the lock.)"""
     now = time.monotonic()
-    seen = _PG_SEEN.get(pg)
-    if seen is not None and now - seen < _PG_ALIVE_TTL_S:
+    seen = _W.pg_seen.get(pg)
+    if seen is not None and now - seen < PG_ALIVE_TTL_S:
         return True
     try:
-        alive = rp.pg_gpus_on_node(pg, "") is not None
+        alive = rp.pg_bundles_on_node(pg, "") is not None
     except Exception:  # noqa: BLE001 - unknown: keep the reservation (conservative)
         return True
     if alive:
-        if len(_PG_SEEN) > 1024:
-            _PG_SEEN.clear()
-        _PG_SEEN[pg] = now
+        if len(_W.pg_seen) > 1024:
+            _W.pg_seen.clear()
+        _W.pg_seen[pg] = now
     return alive
 
 
+def pg_alive(pg: str) -> bool:
+    """Public form of :func:`_pg_alive` (the node agent uses it for reservations nobody claims)."""
+    return _pg_alive(pg)
+
+
 def _after_set_visible(saved: dict) -> dict:
-    """After Ray wrote the visible-devices variable: the vendor's variable, rayaccel's, CPU affinity."""
+    """After Ray wrote the visible-devices variable: the vendor's variable, rayaccel's, CPU affinity, UCX's NICs."""
     try:
         ns = node()
     except Exception:  # noqa: BLE001 - reported by _get_ids already
         return saved
     if ns is None:
         return saved
-    cur = _CURRENT
-    for var in (ns.env_var, "RAYACCEL_DEVICES"):
+    cur = _W.current
+    for var in (ns.env_var, "RAYACCEL_DEVICES", UCX_NET_DEVICES):
         saved.setdefault(var, os.environ.get(var))
     if cur is None:
         # No devices for this task: Ray leaves the variable as the last task set it; reset it.
-        if ns.default_visible is None:
-            os.environ.pop(ns.env_var, None)
-        else:
-            os.environ[ns.env_var] = ns.default_visible
+        _restore(ns.env_var, ns.default_visible)
+        _restore(UCX_NET_DEVICES, ns.user_ucx)
         os.environ.pop("RAYACCEL_DEVICES", None)
         _apply_affinity(None)
         return saved
     os.environ[ns.env_var] = ",".join(str(i) for i in cur.ids)
-    os.environ["RAYACCEL_DEVICES"] = json.dumps(list(cur.devices) or sorted({_parent(ns, k) for k in cur.partitions}))
+    devs = _indices(ns, cur)
+    os.environ["RAYACCEL_DEVICES"] = json.dumps(devs)
     cpus: set[int] = set()
-    for i in _indices(ns, cur):
-        cpus.update(ns.topology.device(i).cpus or ())
+    for i in devs:
+        cpus.update(ns.table.cpus.get(i, ()))
     _apply_affinity(cpus or None)
+    nics = list(dict.fromkeys(n for i in devs for n in ns.table.nics.get(i, ())))
+    if ns.user_ucx is not None:
+        os.environ[UCX_NET_DEVICES] = ns.user_ucx  # a value the user set is kept
+    elif nics:
+        os.environ[UCX_NET_DEVICES] = ",".join(nics)
+    else:
+        os.environ.pop(UCX_NET_DEVICES, None)
     return saved
 
 
-#: A finished task's grant is released this long after its code returned, unless the same
-#: worker has taken a new grant by then (which replaces the record at no extra cost), seconds.
-RELEASE_AFTER_S = 0.02
-_PENDING_RELEASE: dict = {}  # grant key -> when it may be released
+def _restore(var: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(var, None)
+    else:
+        os.environ[var] = value
 
 
 def _after_task() -> None:
@@ -300,83 +358,74 @@ def _after_task() -> None:
     worker usually starts its next task first, and that grant replaces the record in
     one lock cycle. Until then other grants see the devices held -- the safe side.
     """
-    global _CURRENT
-    cur = _CURRENT
-    if cur is None or not cur.key.startswith("task:"):
+    cur = _W.current
+    if cur is None or not cur.key.startswith("task:") or _W.node is None:
         return
-    if _NODE is None:
-        return
-    with _LOCK:
-        if _CURRENT is not cur:
+    with _W.lock:
+        if _W.current is not cur:
             return
-        _CURRENT = None
+        _W.current = None
         _apply_affinity(None)
-        last = _LAST
-        written = last[5] if last is not None and last[2] is cur else cur.key  # the key the state file holds
-        _PENDING_RELEASE[written] = time.monotonic() + RELEASE_AFTER_S
+        # cur.key is the key the state file holds (a reused worker's fast path keeps its first record)
+        _W.pending[cur.key] = time.monotonic() + RELEASE_AFTER_S
     _release_thread()
-
-
-_RELEASE_EVENT: Any = None
 
 
 def _release_thread() -> None:
     """Wake (start on first use) this process's releaser: it releases pending grants that are due."""
-    global _RELEASE_EVENT
-    if _RELEASE_EVENT is None:
+    if _W.release_event is None:
         ev = threading.Event()
-
-        def run() -> None:
-            while True:
-                ev.wait()
-                ev.clear()
-                while True:
-                    with _LOCK:
-                        if not _PENDING_RELEASE:
-                            break
-                        key, due = min(_PENDING_RELEASE.items(), key=lambda kv: kv[1])
-                    wait = due - time.monotonic()
-                    if wait > 0:
-                        time.sleep(wait)
-                        continue
-                    with _LOCK:
-                        if _PENDING_RELEASE.pop(key, None) is None:
-                            continue  # superseded by a new grant of this worker
-                    ns = _NODE
-                    if ns is None:
-                        continue
-                    try:
-                        ns.arbiter.release(os.getpid(), key=key)
-                    except OSError as e:
-                        log.warning("rayaccel hook: could not release a finished task's grant: %s", e)
-
-        threading.Thread(target=run, name="rayaccel-release", daemon=True).start()
-        _RELEASE_EVENT = ev
-    _RELEASE_EVENT.set()
+        threading.Thread(target=_releaser, args=(ev,), name="rayaccel-release", daemon=True).start()
+        _W.release_event = ev
+    _W.release_event.set()
 
 
-def _parent(ns: _NodeSide, key: str) -> int:
-    return int(key.split(":")[0])
+def _releaser(ev: threading.Event) -> None:
+    while True:
+        ev.wait()
+        ev.clear()
+        while True:
+            with _W.lock:
+                if not _W.pending:
+                    break
+                key, due = min(_W.pending.items(), key=lambda kv: kv[1])
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+                continue
+            with _W.lock:
+                if _W.pending.pop(key, None) is None:
+                    continue  # superseded by a new grant of this worker
+            ns = _W.node
+            if ns is None:
+                continue
+            try:
+                ns.arbiter.release(os.getpid(), key=key)
+            except OSError as e:
+                log.warning("rayaccel hook: could not release a finished task's grant: %s", e)
 
 
 def _indices(ns: _NodeSide, cur: Current) -> list[int]:
+    """The devices of the grant: its GPUs, then the parents of its MIG instances."""
     out = list(cur.devices)
-    for k in cur.partitions:
-        p = _parent(ns, k)
-        if p not in out:
-            out.append(p)
+    for r, t in ns.table.resources.items():
+        if r == GPU:
+            continue
+        for k in cur.partitions:
+            p = t.device_of.get(k)
+            if p is not None and p not in out:
+                out.append(p)
     return out
 
 
 def _apply_affinity(cpus: set[int] | None) -> tuple[int, ...] | None:
     """Pin to ``cpus`` intersected with the CPUs this process may use (restore when None or empty)."""
-    global _ORIGINAL_AFFINITY
     if not hasattr(os, "sched_setaffinity"):
         return None
-    if _ORIGINAL_AFFINITY is None:
-        _ORIGINAL_AFFINITY = set(os.sched_getaffinity(0))
-    target = (cpus or set()) & _ORIGINAL_AFFINITY
-    want = target or _ORIGINAL_AFFINITY
+    if _W.original_affinity is None:
+        _W.original_affinity = set(os.sched_getaffinity(0))
+    target = (cpus or set()) & _W.original_affinity
+    want = target or _W.original_affinity
     try:
         if set(os.sched_getaffinity(0)) != want:
             os.sched_setaffinity(0, want)
@@ -388,25 +437,32 @@ def _apply_affinity(cpus: set[int] | None) -> tuple[int, ...] | None:
 
 def affinity() -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
     """(NUMA-local CPUs of the current devices by the topology, the CPUs actually pinned) -- None when not pinned."""
-    ns, cur = node(), _CURRENT
+    ns, cur = node(), _W.current
     if ns is None or cur is None:
         return None, None
     cpus: set[int] = set()
     for i in _indices(ns, cur):
-        cpus.update(ns.topology.device(i).cpus or ())
-    applied = cpus & (_ORIGINAL_AFFINITY or set())
+        cpus.update(ns.table.cpus.get(i, ()))
+    applied = cpus & (_W.original_affinity or set())
     return (tuple(sorted(cpus)) or None), (tuple(sorted(applied)) or None)
 
 
-def refine(request: Any) -> Current | None:
-    """Re-decide the current grant with ``request``'s constraints (``rayaccel.remote`` work, before user code).
+def nics() -> tuple[str, ...]:
+    """The RDMA NICs nearest the current devices (UCX ``device:port`` names), in device order."""
+    ns, cur = node(), _W.current
+    if ns is None or cur is None:
+        return ()
+    return tuple(dict.fromkeys(n for i in _indices(ns, cur) for n in ns.table.nics.get(i, ())))
 
-    The grant's slots are Ray's; only which devices stand behind them may change,
-    and only now, before the task's code runs. Waits while no set meeting the
-    constraints is free. Returns the (new) current grant.
+
+def decide_with(request: Any) -> Current | None:
+    """Decide the current grant with ``request``'s constraints (``rayaccel.remote`` work, before user code).
+
+    The one decision for such work: the hook left its grant undecided (see the module
+    docstring). The grant's slots are Ray's; only which units stand behind them is
+    chosen here. Waits while no set meeting the constraints is free. Returns the grant
+    (None when the work holds no units).
     """
-    from . import _ray_private as rp
-
     ns = node()
     if ns is None:
         return None
@@ -417,41 +473,36 @@ def refine(request: Any) -> Current | None:
         here = rp.node_id(worker) == request.near_node
         # the data's devices matter only on the node that holds them
         request = replace(request, near=request.near if here else (), near_node=None)
-    with _LOCK:
-        cur = _CURRENT
-        if cur is None:
-            return None
-        key = cur.key
-        if _REFINED.get(key) == request:
+    if request is not None and not _constrained(request):
+        request = None
+    slots, pg, bundle = rp.split_grant(rp.resource_ids(worker), ns.managed)
+    key = rp.grant_key(worker)
+    sig = (key, tuple(sorted(slots.items())))
+    with _W.lock:
+        cur = _W.current
+        if cur is not None and cur.sig == sig and cur.request == request:
             return cur
-        _REFINED.clear()
-        _REFINED[key] = request
-        ids = rp.resource_ids(worker)
-        gpu, pg, bundle = rp.split_gpu_grant(ids)
-        new = _decide(ns, worker, key, cur.sig, tuple(gpu), cur.sig[2], pg, bundle, request)
+        if not slots:
+            if cur is not None:
+                _drop(ns)
+            return None
+        new = _decide(ns, worker, key, sig, slots, pg, bundle, request)
     _after_set_visible({})
     return new
+
+
+def _constrained(request: Any) -> bool:
+    """Does the request say more than Ray's count (so the placer must see it)?"""
+    return request.kind == "devices" and (request.interconnect != "any" or request.same_numa or request.nic
+                                          or request.model is not None or request.vendor is not None
+                                          or request.gpu_memory is not None or bool(request.required)
+                                          or bool(request.near))
 
 
 def _install() -> bool:
     if not os.environ.get(NODE_DIR_ENV):
         return False
-    from . import _ray_private as rp
-
-    installed = rp.install(_get_ids, _after_set_visible, _after_task)
-    # The topology and the placer load beside the worker's start-up, not on its path (the
-    # worker registers with the raylet meanwhile) and not in its first grant.
-    threading.Thread(target=_warm, name="rayaccel-warm", daemon=True).start()
-    return installed
-
-
-def _warm() -> None:
-    try:
-        ns = node()
-        if ns is not None:
-            ns.arbiter.warm()
-    except Exception as e:  # noqa: BLE001 - reported again (fail safe) at the first grant
-        log.error("rayaccel hook: %s", e)
+    return rp.install(_get_ids, _after_set_visible, _after_task)
 
 
 _install()

@@ -6,10 +6,8 @@ start time, name; in ``processes.json`` of the node directory), publishes the
 node's record and starts its agent through a short-lived driver. If publication
 fails, exactly those processes are stopped again.
 
-:func:`stop_node` stops the processes recorded for one node (SIGTERM, then SIGKILL
-after a grace period; a pid is only signalled while its start time still matches,
-so a reused pid is never hit) and their descendants. It never runs ``ray stop``,
-which would stop every Ray process of the machine, other people's clusters included.
+Stopping exactly those processes is :mod:`.processes` (:func:`~.processes.stop_local`),
+which never runs ``ray stop``.
 """
 
 from __future__ import annotations
@@ -23,66 +21,16 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
-from .._proc import parent as _parent
 from .._proc import start_time as _start_time
 from ..errors import ClusterError
 from ..topology import NodeTopology
+from . import nodedir
+from .node import node_env, node_topology, prepare
+from .processes import _local, _my_ray_processes, _save_processes, _stop_new, local_nodes, stop_local
+from .record import node_labels, node_resources
 
-PROCESSES = "processes.json"
-#: SIGTERM, then this long before SIGKILL, seconds.
-STOP_GRACE_S = 5.0
-_RAY_NAMES = ("raylet", "gcs_server", "monitor.py", "dashboard", "log_monitor", "runtime_env", "agent",
-              "client.server", "default_worker", "ray::")
-
-
-@dataclass(frozen=True, slots=True)
-class LocalNode:
-    """A node rayaccel started on this machine (from its ``processes.json``)."""
-
-    node_key: str
-    directory: Path
-    address: str | None
-    head: bool
-    pids: tuple[tuple[int, int, str], ...]
-    started: float
-
-    @property
-    def alive(self) -> bool:
-        """True while any recorded process still runs."""
-        return any(_start_time(p) == t for p, t, _ in self.pids)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _my_ray_processes() -> dict[int, tuple[int, str]]:
-    """pid -> (start time, cmdline) of this user's processes that look like Ray's."""
-    out = {}
-    uid = os.getuid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-        except OSError:
-            continue
-        cmd = _cmdline(pid)
-        if not cmd or not any(n in cmd for n in _RAY_NAMES):
-            continue
-        t = _start_time(pid)
-        if t is not None:
-            out[pid] = (t, cmd)
-    return out
 
 
 def _flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -117,7 +65,6 @@ def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[
         ClusterError: ``--num-gpus`` given (rayaccel sets it from the topology), ``--resources``
             that is not a JSON object of numbers or names a resource rayaccel manages.
     """
-    from .names import node_labels, node_resources
 
     args = list(ray_args)
     gpus = _flag_value(args, "--num-gpus")
@@ -184,9 +131,6 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
     Raises:
         ClusterError: ``ray start`` failed, or publication failed (the node is stopped again).
     """
-    from . import nodedir
-    from .node import node_env, node_topology, prepare
-
     topo, simulated = node_topology(topology, simulate_default=False)
     record, directory = prepare(topo, simulated)
     head = "--head" in ray_args
@@ -286,25 +230,11 @@ def _short(cmd: str) -> str:
     return os.path.basename(first)[:40]
 
 
-def _stop_new(before: dict) -> None:
-    """Stop what appeared since ``before`` (a failed start)."""
-    now = _my_ray_processes()
-    _signal_all([(p, t) for p, (t, _) in now.items() if p not in before], signal.SIGTERM)
-
-
-def _save_processes(directory: Path, node_key: str, address: str, head: bool, pids: list) -> None:
-    data = {"node_key": node_key, "address": address, "head": head, "started": time.time(),
-            "pids": [list(p) for p in pids]}
-    tmp = directory / f".{PROCESSES}.tmp"
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, directory / PROCESSES)
-
-
 def _publish(record, address: str, env: dict) -> str | None:
     """Publish the record and start the agent from a short-lived driver; return an error or None."""
     code = ("import sys, ray\n"
             "from rayaccel.ray import agent, kv\n"
-            "from rayaccel.ray.names import NodeRecord, node_resource\n"
+            "from rayaccel.ray.names import node_resource\nfrom rayaccel.ray.record import NodeRecord\n"
             "rec = NodeRecord.from_json(sys.stdin.read())\n"
             "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
             "marker = node_resource(rec.node_key)\n"
@@ -324,88 +254,3 @@ def _publish(record, address: str, env: dict) -> str | None:
     return None
 
 
-def _local(directory: Path) -> LocalNode:
-    data = json.loads((directory / PROCESSES).read_text())
-    return LocalNode(node_key=data["node_key"], directory=directory, address=data.get("address"),
-                     head=bool(data.get("head")), pids=tuple((int(p), int(t), str(n)) for p, t, n in data["pids"]),
-                     started=float(data.get("started", 0.0)))
-
-
-def local_nodes() -> list[LocalNode]:
-    """Nodes rayaccel started on this machine (as this user) that still have a record."""
-    from . import nodedir
-
-    out = []
-    base = nodedir.base_dir()
-    for d in sorted(base.iterdir()):
-        if (d / PROCESSES).is_file():
-            try:
-                out.append(_local(d))
-            except (ValueError, KeyError, TypeError, OSError):
-                continue
-    return out
-
-
-def _descendants(roots: set[int]) -> set[int]:
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            pp = _parent(int(name))
-            if pp is not None:
-                kids.setdefault(pp, []).append(int(name))
-    out, todo = set(), list(roots)
-    while todo:
-        p = todo.pop()
-        for c in kids.get(p, ()):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
-def _signal_all(pids: list[tuple[int, int]], sig: int) -> None:
-    for pid, t in pids:
-        if _start_time(pid) == t:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def stop_local(node: LocalNode, *, force: bool = False, grace_s: float = STOP_GRACE_S) -> int:
-    """Stop one node's recorded processes and their descendants; return how many were running."""
-    from . import nodedir
-
-    alive = [(p, t) for p, t, _ in node.pids if _start_time(p) == t]
-    kids = [(c, _start_time(c)) for c in _descendants({p for p, _ in alive})]
-    kids = [(c, t) for c, t in kids if t is not None]
-    targets = alive + kids
-    _signal_all(targets, signal.SIGKILL if force else signal.SIGTERM)
-    deadline = time.monotonic() + (0 if force else grace_s)
-    while time.monotonic() < deadline and any(_start_time(p) == t for p, t in targets):
-        time.sleep(0.1)
-    _signal_all(targets, signal.SIGKILL)
-    nodedir.remove(node.directory)
-    return len(alive)
-
-
-def pick(node_key: str | None = None, address: str | None = None) -> list[LocalNode]:
-    """The local node(s) a ``rayaccel stop`` means.
-
-    Raises:
-        ClusterError: none match, or several do and none was named.
-    """
-    nodes = local_nodes()
-    if node_key is not None:
-        nodes = [n for n in nodes if n.node_key == node_key]
-    if address is not None:
-        nodes = [n for n in nodes if n.address == address]
-    if not nodes:
-        what = f" with node key {node_key}" if node_key else f" at {address}" if address else ""
-        raise ClusterError(f"no node{what} was started by `rayaccel start` on this machine "
-                           f"(nodes started with plain `ray start` are stopped with `ray stop`)")
-    if len(nodes) > 1 and node_key is None and address is None:
-        listing = ", ".join(f"{n.node_key} ({'head' if n.head else 'worker'} at {n.address})" for n in nodes)
-        raise ClusterError(f"{len(nodes)} rayaccel nodes run on this machine: {listing}; say which with "
-                           f"--node KEY or --address HOST:PORT")
-    return nodes

@@ -6,7 +6,8 @@ port), so the names scraped are ``ray_rayaccel_...`` (see
 :mod:`rayaccel.metrics_names`, which the shipped Grafana dashboard uses):
 
 * per device (tags ``node``, ``device``): ``rayaccel_device_state`` (1 for the
-  current ``state`` tag: free / busy / shared / mig / drained),
+  current ``state`` tag: free / busy / shared / mig / drained / failed, the one
+  classification :func:`rayaccel.arbiter.state.device_state` that ``status`` uses too),
   ``rayaccel_device_memory_reserved_bytes``, ``rayaccel_device_health`` (0 ok,
   1 warning, 2 critical), ``rayaccel_device_drained``, ``rayaccel_device_holder_info``
   (1 per ``holder`` tag);
@@ -23,9 +24,11 @@ import logging
 from typing import Any
 
 from .. import metrics_names as M
+from ..arbiter.state import STATES, Snapshot, device_state
+from ..placement import NodeState, Request, allocate, allreduce_bandwidth_gbps
+from ..placement.pools import gpu_pool
 
 log = logging.getLogger(__name__)
-STATES = ("free", "busy", "shared", "mig", "drained")
 HEALTH_LEVEL = {None: 0, "warning": 1, "critical": 2}
 
 
@@ -56,12 +59,10 @@ class Exporter:
 
     def __call__(self, agent: Any) -> None:
         snap = agent.last
-        if snap:
+        if snap is not None:
             self.export(snap)
 
     def _best_gbps(self, k: int) -> float:
-        from ..placement import NodeState, Request, allocate, allreduce_bandwidth_gbps
-
         hit = self._best.get(k)
         if hit is None:
             topo = self.agent.record.topology
@@ -69,38 +70,25 @@ class Exporter:
             hit = self._best[k] = allreduce_bandwidth_gbps(topo, a.devices) if a else 0.0
         return hit
 
-    def export(self, snap: dict) -> None:
-        from ..placement import allreduce_bandwidth_gbps
-
+    def export(self, snap: Snapshot) -> None:
         node = self.agent.node_key
         topo = self.agent.record.topology
-        free = set(snap.get("free", ()))
-        drained = snap.get("drained", {})
-        shared = snap.get("shared", {})
-        worst = (snap.get("health") or {}).get("worst", {})
-        held_parts = {int(str(k).split(":")[0]) for k in snap.get("mig_held", ())}
+        pool = frozenset(gpu_pool(topo))
+        partitioned = frozenset(d.index for d in topo.devices if d.partitions)
+        worst = (snap.health or {}).get("worst", {}) or {}
         holders: dict[int, list[str]] = {}
-        for h in snap.get("holders", ()):
-            if h.get("waiting") or h.get("drain") is not None:
+        for h in snap.holders:
+            if h.waiting or h.drain is not None:
                 continue
-            for d in h.get("devices", ()):
-                holders.setdefault(d, []).append(f"{h.get('name')}:{h.get('pid')}")
+            for d in h.devices:
+                holders.setdefault(d, []).append(f"{h.name}:{h.pid}")
         current = set()
         for d in topo.devices:
             tags = {"node": node, "device": str(d.index)}
-            if str(d.index) in drained:
-                state = "drained"
-            elif d.partitions:
-                state = "mig" if d.index in held_parts else "free"
-            elif str(d.index) in shared:
-                state = "shared"
-            elif d.index in free:
-                state = "free"
-            else:
-                state = "busy"
+            state = device_state(d.index, snap, pool=pool, partitioned=partitioned)
             for s in STATES:
                 self.state.set(1.0 if s == state else 0.0, tags={**tags, "state": s})
-            frac = shared.get(str(d.index))
+            frac = snap.shared.get(d.index)
             reserved = (d.memory_bytes or 0) * (frac if frac else (1.0 if state == "busy" else 0.0))
             self.memory.set(float(reserved), tags=tags)
             self.health.set(float(HEALTH_LEVEL.get(worst.get(str(d.index)), 0)), tags=tags)
@@ -112,7 +100,7 @@ class Exporter:
         self._holders = current
         ntags = {"node": node}
         qual = []
-        for t, us, devs, _ in snap.get("new_decisions", ()):
+        for _, us, devs, _ in snap.new_decisions:
             self.latency.observe(us / 1e6, tags=ntags)
             if len(devs) > 1:
                 best = self._best_gbps(len(devs))
@@ -120,9 +108,9 @@ class Exporter:
                     qual.append(allreduce_bandwidth_gbps(topo, devs) / best)
         if qual:
             self.quality.set(round(sum(qual) / len(qual), 4), tags=ntags)
-        self.waiting.set(float(sum(1 for h in snap.get("holders", ()) if h.get("waiting"))), tags=ntags)
-        self.unhooked.set(float(snap.get("unhooked_slots", 0.0)), tags=ntags)
-        for ev in (snap.get("health") or {}).get("events", ()):
+        self.waiting.set(float(len(snap.waiting())), tags=ntags)
+        self.unhooked.set(float(snap.unhooked_slots), tags=ntags)
+        for ev in (snap.health or {}).get("events", ()):
             if ev["at"] > self._event_at:
                 self._event_at = ev["at"]
                 self.events.inc(1.0, tags={"node": node, "device": str(ev["device"]), "kind": ev["kind"]})

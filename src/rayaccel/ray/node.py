@@ -29,11 +29,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..arbiter.build import VISIBLE_ENV, build_table, gpu_vendor
+from ..arbiter.table import TABLE_FILE, encode_table
 from ..errors import BackendUnavailable, ClusterError
 from ..topology import NodeTopology
 from . import _ray_private as rp
-from .hook import NODE_DIR_ENV, UNHOOKED_PREFIX, VISIBLE_ENV
-from .names import NodeRecord, new_node_key, node_labels, node_resources
+from .hook import NODE_DIR_ENV, UNHOOKED_PREFIX
+from .names import new_node_key
+from .record import NodeRecord, node_labels, node_resources
 
 log = logging.getLogger(__name__)
 HOOK_MODULE = "rayaccel.ray.hook"
@@ -105,8 +108,7 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     if migs:
         have = [r for r in (base.get(rp.UNIT_INSTANCE_ENV) or ",".join(rp.UNIT_INSTANCE_DEFAULT)).split(",") if r]
         env[rp.UNIT_INSTANCE_ENV] = ",".join(dict.fromkeys([*have, *migs]))
-    vendors = {d.vendor for d in topology.devices}
-    var = VISIBLE_ENV.get(vendors.pop() if len(vendors) == 1 else "nvidia", "CUDA_VISIBLE_DEVICES")
+    var = VISIBLE_ENV.get(gpu_vendor(topology), "CUDA_VISIBLE_DEVICES")
     if num_gpus or migs:
         env[var] = ",".join(f"{UNHOOKED_PREFIX}{i}" for i in range(max(num_gpus, 1)))
     if var == "CUDA_VISIBLE_DEVICES":
@@ -130,13 +132,18 @@ def _environ(updates: dict[str, str]) -> Iterator[None]:
 
 
 def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None) -> tuple[NodeRecord, Path]:
-    """Make a node's key, directory and record (written there) before its raylet starts."""
+    """Make a node's key, directory, record and table (written there) before its raylet starts.
+
+    The table (:mod:`rayaccel.arbiter.table`) is what the node's workers read at a grant;
+    building it precomputes the placer's plain decisions for pools of up to 8 devices.
+    """
     from . import nodedir
 
     key = node_key or new_node_key()
     d = nodedir.node_dir(key)
     record = NodeRecord(key, topology, simulated)
     nodedir.write_record(d, record.to_json())
+    nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated)))
     return record, d
 
 

@@ -61,14 +61,19 @@ def node_dir(node_key: str, base: Path | None = None) -> Path:
 
 
 def write_record(directory: Path, record_json: str) -> None:
-    """Write the node's record atomically (the worker hook reads it at its first grant)."""
-    tmp = directory / f".{RECORD}.{os.getpid()}"
+    """Write the node's record atomically (the agent, and ``get_devices()`` in workers, read it)."""
+    write_file(directory, RECORD, record_json.encode())
+
+
+def write_file(directory: Path, name: str, data: bytes) -> None:
+    """Write ``name`` in the node directory atomically (write + rename), mode 0600."""
+    tmp = directory / f".{name}.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, record_json.encode())
+        os.write(fd, data)
     finally:
         os.close(fd)
-    os.replace(tmp, directory / RECORD)
+    os.replace(tmp, directory / name)
 
 
 def remove(directory: Path) -> None:

@@ -106,7 +106,8 @@ def stop_cluster(address: str, force: bool = False) -> list[str]:
     """
     import ray
 
-    from . import agent, lifecycle
+    from . import agent
+    from . import processes as lifecycle
     from .node import shutdown
     from .view import view
 

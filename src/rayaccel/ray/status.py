@@ -1,6 +1,6 @@
 """What runs where: the data behind ``rayaccel status`` (and ``top``, ``doctor``, the metrics).
 
-Each rayaccel node's agent reports its snapshot (:func:`.agent.snapshot_of`): which
+Each rayaccel node's agent reports its :class:`~rayaccel.arbiter.state.Snapshot`: which
 devices are free, who holds which (pid, task or actor name, job, since when), memory
 shares, MIG instances, drains with their reason, GPU slots held by workers without
 the hook. Nodes whose agent does not answer fall back to the last published
@@ -12,6 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..arbiter.state import Snapshot, device_state
+from ..placement.pools import gpu_pool
+from . import agent
+from .view import view
+
 #: How long ``status`` waits for each node agent, seconds.
 AGENT_TIMEOUT_S = 5.0
 
@@ -21,22 +26,20 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
 
     Each node: ``node_id``, ``node_key``, ``name``, ``hostname``, ``simulated``,
     ``free``, ``devices`` (index, model, memory_bytes, state: free / busy / shared /
-    mig / drained, holders, drain), ``holders``, ``unhooked_slots``, ``age_s`` (of
-    the snapshot), ``agent`` (answered / published / missing).
+    mig / drained / failed -- :func:`rayaccel.arbiter.state.device_state`, holders, drain),
+    ``holders``, ``unhooked_slots``, ``age_s`` (of the snapshot), ``agent`` (answered /
+    published / missing), ``lock`` (a node lock held for seconds: pid, what, held_s; or None).
 
     Raises:
         ClusterError: not connected to Ray.
     """
     import ray
 
-    from . import agent
-    from .view import view
-
     v = view()
     nodes = v.nodes(fresh=True)
     handles = {n.node_key: agent.handle(n.node_key) for n in nodes}
     refs = {k: h.snapshot.remote() for k, h in handles.items() if h is not None}
-    snaps: dict[str, dict] = {}
+    snaps: dict[str, Snapshot] = {}
     source: dict[str, str] = {}
     if refs:
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
@@ -59,54 +62,49 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
     return {"nodes": out, "bad": bad, "unmanaged": list(v.unmanaged)}
 
 
-def _node_row(n: Any, snap: dict | None, source: str, now: float) -> dict:
-    from .arbiter import gpu_pool
-
+def _node_row(n: Any, snap: Snapshot | None, source: str, now: float) -> dict:
     topo = n.topology
-    snap = snap or {}
-    free = set(snap.get("free", gpu_pool(topo) if not snap else ()))
-    drained = snap.get("drained", {})
-    holders = snap.get("holders", [])
-    shared = snap.get("shared", {})
-    mig_held = set(snap.get("mig_held", ()))
+    pool = frozenset(gpu_pool(topo))
+    partitioned = frozenset(d.index for d in topo.devices if d.partitions)
+    holders = [_holder_row(h) for h in (snap.holders if snap is not None else ())]
     by_dev: dict[int, list[str]] = {}
     for h in holders:
-        label = f"{h.get('name') or h.get('kind')} (pid {h.get('pid')})"
-        if h.get("waiting"):
+        if h["waiting"]:
             continue
-        if h.get("drain") is not None:
-            label = f"drain placeholder (pid {h.get('pid')})"
-        for d in h.get("devices", ()):
+        label = f"{h['name'] or h['kind']} (pid {h['pid']})"
+        if h["drain"] is not None:
+            label = f"drain placeholder (pid {h['pid']})"
+        for d in h["devices"]:
             by_dev.setdefault(d, []).append(label)
-        for k in h.get("partitions", ()):
+        for k in h["partitions"]:
             try:
                 by_dev.setdefault(int(str(k).split(":")[0]), []).append(f"{label} [MIG {k}]")
             except ValueError:
                 continue
-    pool = set(gpu_pool(topo))
-    worst = (snap.get("health") or {}).get("worst", {})
+    health = dict(snap.health) if snap is not None else {}
+    worst = health.get("worst", {}) or {}
+    mig_held = set(snap.mig_held) if snap is not None else set()
+    drained = snap.drained if snap is not None else {}
+    shared = snap.shared if snap is not None else {}
     devices = []
     for d in sorted(topo.devices, key=lambda d: d.index):
-        held_parts = sorted(p.key for p in d.partitions if p.key in mig_held)
-        if str(d.index) in drained:
-            state = "drained"
-        elif d.index not in pool and not d.partitions:
-            state = "failed"
-        elif d.partitions:
-            state = "mig" if held_parts else "free"
-        elif str(d.index) in shared:
-            state = "shared"
-        elif d.index in free:
-            state = "free"
-        else:
-            state = "busy"
-        devices.append({"index": d.index, "model": d.model, "memory_bytes": d.memory_bytes, "state": state,
-                        "share": shared.get(str(d.index)), "mig_held": held_parts,
-                        "holders": by_dev.get(d.index, []), "drain": drained.get(str(d.index)),
+        drain = drained.get(d.index)
+        devices.append({"index": d.index, "model": d.model, "memory_bytes": d.memory_bytes,
+                        "state": device_state(d.index, snap, pool=pool, partitioned=partitioned),
+                        "share": shared.get(d.index), "mig_held": sorted(p.key for p in d.partitions if p.key in mig_held),
+                        "holders": by_dev.get(d.index, []), "drain": drain._asdict() if drain is not None else None,
                         "health": worst.get(str(d.index)) or d.health})
+    lock = snap.lock._asdict() if snap is not None and snap.lock is not None else None
     return {"node_id": n.node_id, "node_key": n.node_key, "name": topo.name, "hostname": topo.hostname,
             "simulated": n.record.simulated, "free": sum(1 for x in devices if x["state"] == "free"),
-            "devices": devices, "holders": holders, "unhooked_slots": snap.get("unhooked_slots", 0.0),
-            "waiting": [h for h in holders if h.get("waiting")],
-            "age_s": round(now - snap["at"], 3) if snap.get("at") else None, "agent": source,
-            "gpus_available": n.gpus_available, "health_events": (snap.get("health") or {}).get("events", [])[-10:]}
+            "devices": devices, "holders": holders, "unhooked_slots": snap.unhooked_slots if snap is not None else 0.0,
+            "waiting": [h for h in holders if h["waiting"]],
+            "age_s": round(now - snap.at, 3) if snap is not None and snap.at else None, "agent": source,
+            "gpus_available": n.gpus_available, "health_events": list(health.get("events", []))[-10:],
+            "lock": lock}
+
+
+def _holder_row(h: Any) -> dict:
+    row = h._asdict()
+    row["devices"], row["partitions"] = list(h.devices), list(h.partitions)
+    return row

@@ -14,10 +14,9 @@ Each submit turns the request into a :class:`~.claim.Claim` (the node to prefer,
 the nodes that could ever serve it) and then into ordinary Ray options
 (``num_gpus``, MIG resources, a soft node pin, a label selector): Ray's own
 ledger queues, schedules, retries and cancels the work like any Ray task. In the
-worker, the node's arbiter maps the granted slots to devices; for requests with
-constraints Ray cannot express (interconnect, same NUMA, NIC, model) the task
-re-asks the arbiter with them before user code runs (:func:`.hook.refine`),
-waiting while no set meeting them is free.
+worker, before user code runs, the node's arbiter maps the granted slots to devices
+once, with the request's constraints Ray cannot express (interconnect, same NUMA,
+NIC, model: :func:`.hook.decide_with`), waiting while no set meeting them is free.
 """
 
 from __future__ import annotations
@@ -28,6 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import RequestError
+from ..memory.handle import Handle
+from ..placement import Request
+from . import claim as claims
+from .worker import Assignment
 
 #: rayaccel's own options; everything else goes to Ray (``num_gpus`` is a synonym of ``gpus``).
 REQUEST_FIELDS = ("gpus", "mig", "gpu_memory", "interconnect", "same_numa", "vendor", "model", "nic", "exclusive",
@@ -45,13 +48,12 @@ class WorkSpec:
     """What travels with each rayaccel task/actor to the worker (small).
 
     Attributes:
-        request: the placement request (the arbiter re-decides with it when it has constraints).
-        name: label for ``status``. refine: whether the request has constraints beyond Ray's count.
+        request: the placement request (the worker's set-up has the arbiter decide the grant with it).
+        name: label for ``status``.
     """
 
     request: Any
     name: str
-    refine: bool
 
 
 def build_request(fields: dict) -> Any:
@@ -63,8 +65,6 @@ def build_request(fields: dict) -> Any:
     Raises:
         RequestError: a bad field (names it and the allowed values).
     """
-    from ..placement import Request
-
     f = {k: v for k, v in fields.items() if v is not None}
     if "near" in f:
         f["near"], f["near_node"] = near_devices(f["near"])
@@ -84,14 +84,6 @@ def build_request(fields: dict) -> Any:
     return Request(gpus=gpus, **f)
 
 
-def needs_refine(request: Any) -> bool:
-    """True when the request says more than Ray's count (the arbiter must see it at the grant)."""
-    return request.kind == "devices" and (request.interconnect != "any" or request.same_numa or request.nic
-                                          or request.model is not None or request.vendor is not None
-                                          or request.gpu_memory is not None or bool(request.required)
-                                          or bool(request.near))
-
-
 def near_devices(value: Any) -> tuple[tuple[int, ...], str | None]:
     """``near=`` as (device indices, Ray node id): where the task's input data already sits.
 
@@ -103,9 +95,6 @@ def near_devices(value: Any) -> tuple[tuple[int, ...], str | None]:
     Raises:
         RequestError: anything else, or data on several nodes.
     """
-    from ..memory.handle import Handle
-    from .worker import Assignment
-
     items = value if isinstance(value, list) else [value]
     nodes: set[str | None] = set()
     devs: set[int] = set()
@@ -204,7 +193,7 @@ class RemoteFunction:
         self._req_fields, self._ray_opts = split_options(options)
         self._request = build_request(self._req_fields)
         self._name = self._ray_opts.get("name") or getattr(fn, "__name__", "task")
-        self._spec = WorkSpec(self._request, self._name, needs_refine(self._request))
+        self._spec = WorkSpec(self._request, self._name)
         self._max_calls = self._ray_opts.pop("max_calls", None)
         self._ray_fn = _ray_fn
         self._ray_fn_once = _ray_fn_once
@@ -224,7 +213,7 @@ class RemoteFunction:
             fn = self._fn
 
             def rayaccel_task(_rayaccel_spec, *args, **kwargs):
-                from rayaccel.ray.worker import run_task
+                from rayaccel.ray.worker import run_task  # runs in the worker (this closure travels by value)
 
                 return run_task(fn, _rayaccel_spec, args, kwargs)
 
@@ -270,8 +259,6 @@ class RemoteFunction:
             Unsatisfiable: no node could ever run this request.
             ClusterError: Ray is not initialised.
         """
-        from . import claim as claims
-
         c = claims.plan(self._request)
         ref = self._submitter(c).remote(self._spec, *args, **kwargs)
         first = ref[0] if isinstance(ref, list) else ref
@@ -285,7 +272,7 @@ class RemoteFunction:
 def _wrap_class(cls: type) -> type:
     class RayaccelActor(cls):  # type: ignore[misc, valid-type]
         def __init__(self, _rayaccel_spec, *args, **kwargs):
-            from rayaccel.ray.worker import setup
+            from rayaccel.ray.worker import setup  # runs in the worker (the class travels by value)
 
             setup(_rayaccel_spec)
             super().__init__(*args, **kwargs)
@@ -330,11 +317,9 @@ class RemoteClass:
         Raises:
             Unsatisfiable: no node could ever host this actor.
         """
-        from . import claim as claims
-
         name = self._ray_opts.get("name") or self._cls.__name__
         c = claims.plan(self._request)
-        spec = WorkSpec(self._request, name, needs_refine(self._request))
+        spec = WorkSpec(self._request, name)
         handle = self._base().options(**c.ray_options(self._ray_opts)).remote(spec, *args, **kwargs)
         claims.record(c)
         return handle

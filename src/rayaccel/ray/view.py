@@ -17,17 +17,23 @@ contradicts what the node advertises to Ray, puts that node in
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import ClusterError, TopologyError
+from ..arbiter.state import Snapshot
+from ..errors import ClusterError, StateError, TopologyError
+from ..placement import NodeState
+from ..placement.pools import gpu_pool
 from ..topology import NodeTopology
 from . import _ray_private as rp
-from .names import NODE_KEY_PREFIX, NodeRecord, valid_key
+from .kv import fetch_record, fetch_states, parse_state
+from .names import NODE_KEY_PREFIX, valid_key
+from .record import NodeRecord
 
-_EPS = 1e-6
+log = logging.getLogger(__name__)
 #: How long a bad record is remembered before it is read again (it may be repaired), seconds.
 BAD_RETRY_S = 5.0
 
@@ -39,7 +45,7 @@ class NodeView:
     Attributes:
         node_id: Ray node id (hex). node_key: rayaccel key. record: its record.
         available: Ray's available resources. total: Ray's total resources.
-        state: the agent's last snapshot (or None): ``free``, ``drained``, ``holders``, ``at``.
+        state: the agent's last :class:`~rayaccel.arbiter.state.Snapshot`, or None.
     """
 
     node_id: str
@@ -47,7 +53,7 @@ class NodeView:
     record: NodeRecord
     available: Mapping[str, float]
     total: Mapping[str, float]
-    state: dict | None = None
+    state: Snapshot | None = None
 
     @property
     def topology(self) -> NodeTopology:
@@ -160,12 +166,10 @@ class ClusterView:
                 found.append((node_id, key, res))
             self.unmanaged = sorted(unmanaged)
             try:
-                states = _states([k for _, k, _ in found])
+                states = fetch_states([k for _, k, _ in found])
             except Exception as e:  # noqa: BLE001 - snapshots are advisory: place on Ray's counts alone
                 states = {}
-                import logging
-
-                logging.getLogger(__name__).warning("rayaccel: node snapshots unreadable: %s", e)
+                log.warning("rayaccel: node snapshots unreadable: %s", e)
             nodes = []
             now = time.monotonic()
             for node_id, key, res in found:
@@ -178,10 +182,8 @@ class ClusterView:
                     continue
                 state = None
                 try:
-                    from .kv import parse_state
-
                     state = parse_state(states.get(key), key)
-                except TopologyError as e:
+                except StateError as e:
                     self.bad[key] = (str(e), node_id, now)
                 nodes.append(NodeView(node_id, key, rec, res, self._totals.get(node_id, {}), state))
             alive_keys = {k for _, k, _ in found}
@@ -202,8 +204,6 @@ class ClusterView:
         if not valid_key(key):
             self.bad[key] = (f"malformed node key {key!r}", node_id, now)
             return None
-        from .kv import fetch_record
-
         try:
             rec = fetch_record(key)
         except ClusterError:
@@ -219,35 +219,23 @@ class ClusterView:
         return rec
 
 
-def _states(keys: list[str]) -> dict[str, bytes]:
-    from .kv import fetch_states
-
-    return fetch_states(keys)
-
-
 def node_state(view: NodeView, claims: Claims | None = None, *, idle: bool = False) -> Any:
     """The :class:`~rayaccel.placement.NodeState` of ``view`` for the placer.
 
     Busy = devices outside the GPU pool (MIG mode, failed), drained devices, and unless
     ``idle``: devices the agent's snapshot shows held, plus this driver's young claims.
     """
-    from ..placement import NodeState
-    from .arbiter import gpu_pool
-
     topo = view.topology
     pool = set(gpu_pool(topo))
     busy = {d.index for d in topo.devices if d.health == "failed"}  # MIG-mode devices: placement knows them
     parts: set[str] = set()
-    st = view.state or {}
-    for d in st.get("drained", ()):
-        try:
-            busy.add(int(d))
-        except (TypeError, ValueError):
-            continue
+    st = view.state
+    if st is not None:
+        busy |= set(st.drained)
     if not idle:
-        if st:
-            busy |= pool - {i for i in st.get("free", ()) if isinstance(i, int)}
-            parts |= {k for k in st.get("mig_held", ()) if isinstance(k, str)}
+        if st is not None:
+            busy |= pool - set(st.free)
+            parts |= set(st.mig_held)
         if claims is not None:
             devs, _ = claims.on(view.node_id)
             busy |= devs

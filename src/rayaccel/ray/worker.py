@@ -6,10 +6,10 @@ reports what the node's arbiter put behind the grant, the same devices that
 ``ray.get_gpu_ids()`` and ``CUDA_VISIBLE_DEVICES`` name.
 
 For ``rayaccel.remote`` work, :func:`setup` (actors) and :func:`run_task` (tasks)
-first re-ask the arbiter with the request's constraints when Ray's count cannot
-express them (:func:`.hook.refine`), set ``RAYACCEL_GPU_MEMORY_BYTES`` (the tiered
-store's device budget) for ``gpu_memory`` requests and, on real devices with
-PyTorch, cap torch's memory to that share.
+first have the arbiter decide the grant, once, with the request's constraints
+(:func:`.hook.decide_with`: the hook leaves such grants to them), set
+``RAYACCEL_GPU_MEMORY_BYTES`` (the tiered store's device budget) for ``gpu_memory``
+requests and, on real devices with PyTorch, cap torch's memory to that share.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from ..arbiter.state import GPU
 from ..errors import ClusterError
 from ..topology import Device, Link, Partition
+from . import hook
 
 _ENV_KEYS = ("RAYACCEL_GPU_MEMORY_BYTES",)
 
@@ -37,6 +39,8 @@ class Assignment:
         cpus_intended: NUMA-local CPUs of the devices (from the topology), or None.
         cpus_applied: the affinity actually set, or None when nothing was pinned.
         simulated: True on simulated hardware. shared: the GPU slot is a fraction (a memory share).
+        nics: the RDMA NICs nearest the devices (UCX ``device:port``; what ``UCX_NET_DEVICES`` names
+            unless the user set it), empty when none sits at PIX/PXB from them.
     """
 
     node_id: str
@@ -51,6 +55,7 @@ class Assignment:
     cpus_applied: tuple[int, ...] | None = None
     simulated: bool = False
     shared: bool = False
+    nics: tuple[str, ...] = ()
 
     def __iter__(self) -> Iterator[Device]:
         return iter(self.devices)
@@ -70,8 +75,6 @@ def get_devices() -> Assignment:
     Raises:
         ClusterError: called outside a GPU task/actor of a rayaccel node.
     """
-    from . import hook
-
     ns = hook.node()
     if ns is None:
         raise ClusterError("get_devices() is only meaningful inside a task or actor on a rayaccel node "
@@ -90,7 +93,7 @@ def get_devices() -> Assignment:
         if p.parent not in order:
             order.append(p.parent)
     devices = tuple(topo.device(i) for i in order)
-    gpu = [f for _, f in cur.sig[1]]
+    gpu = [f for _, f in dict(cur.sig[1]).get(GPU, ())]
     shared = bool(gpu) and gpu[0] < 1 - 1e-6
     mem: dict[int, int] = {}
     for d in devices:
@@ -106,7 +109,7 @@ def get_devices() -> Assignment:
     return Assignment(node_id=_node_id(), devices=devices, partitions=parts, links=links, memory_bytes=mem,
                       gpu_memory_bytes=int(gpu_mem) if gpu_mem else None, visible_env=ns.env_var,
                       visible=os.environ.get(ns.env_var), cpus_intended=intended, cpus_applied=applied,
-                      simulated=ns.record.simulated, shared=shared)
+                      simulated=ns.record.simulated, shared=shared, nics=hook.nics())
 
 
 def _node_id() -> str:
@@ -117,11 +120,8 @@ def _node_id() -> str:
 
 def setup(spec: Any) -> dict[str, str | None]:
     """Apply a ``rayaccel.remote`` work spec in this worker; return the variables it replaced."""
-    from . import hook
-
     saved = {k: os.environ.get(k) for k in _ENV_KEYS}
-    if spec.refine:
-        hook.refine(spec.request)
+    hook.decide_with(spec.request)
     req = spec.request
     if req.gpu_memory is not None:
         os.environ["RAYACCEL_GPU_MEMORY_BYTES"] = str(req.gpu_memory)
@@ -144,7 +144,7 @@ def teardown(saved: dict[str, str | None]) -> None:
 
 def _torch_memory_fraction(nbytes: int) -> None:
     try:
-        import torch
+        import torch  # optional, and heavy: only on real devices with a memory share
     except ImportError:
         return
     if not torch.cuda.is_available():

@@ -1,0 +1,114 @@
+"""What a rayaccel node advertises to Ray and publishes about itself: resources, labels, its record.
+
+* resources: ``GPU`` = the node's GPU pool (:func:`rayaccel.placement.pools.gpu_pool`),
+  ``mig_<profile>`` per MIG profile, the node marker ``rayaccel_node_<key>``;
+* labels: ``rayaccel.io/...`` (see :mod:`.names`);
+* :class:`NodeRecord`: its topology and how it was found (GCS KV and the node directory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..errors import TopologyError
+from ..placement.pools import gpu_pool, mig_pools
+from ..topology import NodeTopology
+from .names import LABEL_PREFIX, NODE_KEY_LABEL, label_value, node_resource, valid_key
+
+#: The largest record (bytes) a reader accepts from the KV.
+MAX_RECORD_BYTES = 16 << 20
+
+
+def node_resources(topology: NodeTopology, node_key: str) -> tuple[int, dict[str, float]]:
+    """``(num_gpus, custom resources)`` a node with ``topology`` advertises (see module docstring)."""
+    res: dict[str, float] = {node_resource(node_key): 1.0}
+    for r, units in mig_pools(topology).items():
+        res[r] = float(len(units))
+    return len(gpu_pool(topology)), res
+
+
+def node_labels(topology: NodeTopology, node_key: str, *, simulated: bool) -> dict[str, str]:
+    """The labels a node with ``topology`` carries (values sanitised to Ray's syntax)."""
+    models = sorted({d.model for d in topology.devices if d.model})
+    vendors = sorted({d.vendor for d in topology.devices})
+    labels = {
+        NODE_KEY_LABEL: node_key,
+        LABEL_PREFIX + "devices": str(len(topology.devices)),
+        LABEL_PREFIX + "mig-instances": str(len(topology.partitions())),
+        LABEL_PREFIX + "simulated": "true" if simulated else "false",
+    }
+    if models:
+        labels[LABEL_PREFIX + "accelerator-model"] = label_value(models[0] if len(models) == 1 else "mixed")
+    if vendors:
+        labels[LABEL_PREFIX + "vendor"] = label_value(vendors[0] if len(vendors) == 1 else "mixed")
+    if topology.name:
+        labels[LABEL_PREFIX + "topology"] = label_value(topology.name)
+    return {k: v for k, v in labels.items() if v}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """What a node publishes (GCS KV and its node directory): its topology and how it was found.
+
+    Attributes:
+        node_key: the node marker key. topology: the node's topology.
+        simulated: True when the hardware is simulated (no real devices behind it).
+    """
+
+    node_key: str
+    topology: NodeTopology
+    simulated: bool
+
+    def to_json(self) -> str:
+        """Serialise (compact JSON)."""
+        return json.dumps({"node_key": self.node_key, "simulated": self.simulated,
+                           "topology": self.topology.to_dict()}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = "record") -> "NodeRecord":
+        """Parse and validate :meth:`to_json` output.
+
+        Raises:
+            TopologyError: malformed, too large, too deeply nested, or a bad node key (names ``where``).
+        """
+        if len(text) > MAX_RECORD_BYTES:
+            raise TopologyError(f"rayaccel node record is {len(text)} bytes (at most {MAX_RECORD_BYTES})", where)
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise TopologyError("rayaccel node record is nested too deeply to be a record", where) from None
+        except ValueError as e:
+            raise TopologyError(f"rayaccel node record is not JSON: {e}", where) from None
+        if not isinstance(data, dict):
+            raise TopologyError(f"rayaccel node record must be a JSON object, got {type(data).__name__}", where)
+        key = data.get("node_key")
+        if not valid_key(key):
+            raise TopologyError(f"rayaccel node record: bad node_key {key!r} (12 hex chars)", where)
+        if not isinstance(data.get("simulated"), bool):
+            raise TopologyError("rayaccel node record: simulated must be true or false", where)
+        try:
+            topo = NodeTopology.from_dict(data.get("topology"))
+        except RecursionError:
+            raise TopologyError("rayaccel node record: topology nested too deeply", where) from None
+        except TopologyError as e:
+            raise TopologyError(f"rayaccel node record: {e}", where) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise TopologyError(f"rayaccel node record: bad topology: {e}", where) from None
+        return cls(node_key=key, simulated=data["simulated"], topology=topo)
+
+    def mismatch(self, total: Mapping[str, float]) -> str | None:
+        """Why this record does not describe a node advertising ``total`` resources, or None.
+
+        A node's record must match what its raylet advertises: the GPU pool size,
+        each MIG-profile count, and the node marker.
+        """
+        num_gpus, res = node_resources(self.topology, self.node_key)
+        have = float(total.get("GPU", 0.0))
+        if abs(have - num_gpus) > 1e-6:
+            return f"record lists {num_gpus} GPU(s) but the node advertises {have:g}"
+        for r, v in res.items():
+            if abs(float(total.get(r, 0.0)) - v) > 1e-6:
+                return f"record lists {r}={v:g} but the node advertises {float(total.get(r, 0.0)):g}"
+        return None
