@@ -14,16 +14,23 @@ machine drift hits both alike:
 * Ray Train start-up: ``TorchTrainer(ScalingConfig(num_workers=4, use_gpu=True))``
   with the gloo backend, ``fit()`` of a loop that returns at once, wall clock.
 
-Targets (issue "One ledger"): start latency <= 1.1x, Train start-up <= 1.1x. With a
-new worker per task, Ray keeps few idle workers, so every other task waits for a
-worker process to start, on both nodes alike: the table gives p25 (an idle worker was
-ready) and the mean; with reused workers p50 (A/B: median of per-round ratios) and p99.
+Targets (issue "A lean hook and a plain arbiter"): new-worker task start <= 1.05x a
+plain node's (median and p25), reused worker <= 1.05x, 4-worker TorchTrainer <= 1.05x.
+With a new worker per task, Ray keeps few idle workers, so many tasks wait for a worker
+process to start, on both nodes alike: the table gives p25 (an idle worker was ready),
+the median and the mean; with reused workers p50 and p99. The A/B column is the ratio
+of the pooled figures; every round's own ratio (of medians) is printed below the table.
+
+rayaccel is byte-compiled first and ``PYTHONDONTWRITEBYTECODE`` is dropped, so the
+workers import it as an installed package's (pip compiles what it installs; Ray's own
+modules are compiled already) -- otherwise every worker would recompile the hook.
 Usage: ``python benchmarks/ray_overhead.py [--quick] [--rounds N] [--tasks N]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import sys
@@ -71,6 +78,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.tasks, a.train_rounds = 2, 8, 1
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    import rayaccel
+
+    compileall.compile_dir(os.path.dirname(rayaccel.__file__), quiet=1)
     import ray
 
     from rayaccel.ray.cluster import SimulatedCluster
@@ -116,26 +127,27 @@ def main() -> None:
         c.shutdown()
     print(f"plain Ray work on a rayaccel node (A) vs a plain Ray node (B), both a simulated DGX-1; "
           f"{a.rounds} rounds x {a.tasks} tasks, interleaved")
-    print(f"{'measure':<46} {'A rayaccel':>11} {'B plain':>9} {'A/B':>6}  target")
+    print(f"{'measure':<48} {'A rayaccel':>11} {'B plain':>9} {'A/B':>6}  target")
+
     def q(xs: list[float], f: float) -> float:
         xs = sorted(xs)
         return xs[int(f * (len(xs) - 1))]
 
-    for mode, label in (("fresh", "task start, @ray.remote(num_gpus=1) (new worker)"),
-                        ("reuse", "task start, .options(num_gpus=1) (reused worker)")):
-        A, B = res[mode]["A"], res[mode]["B"]
-        if mode == "fresh":
-            # Ray keeps few idle workers: every other task waits for a worker process to start, on
-            # both nodes alike. p25 is the task that found an idle worker; the mean covers both kinds.
-            print(f"{label + ', p25 ms':<46} {q(A, .25):11.2f} {q(B, .25):9.2f} {q(A, .25) / q(B, .25):6.2f}  <= 1.1")
-            ma, mb = statistics.fmean(A), statistics.fmean(B)
-            print(f"{'  same, mean ms':<46} {ma:11.2f} {mb:9.2f} {ma / mb:6.2f}  <= 1.1")
-        else:
-            print(f"{label + ', p50 ms':<46} {q(A, .5):11.2f} {q(B, .5):9.2f} "
-                  f"{statistics.median(ratios[mode]):6.2f}  <= 1.1")
-            print(f"{'  same, p99 ms':<46} {q(A, .99):11.2f} {q(B, .99):9.2f} {q(A, .99) / q(B, .99):6.2f}")
-    print(f"{'TorchTrainer 4 workers, fit() s (median)':<46} {statistics.median(train['A']):11.2f} "
-          f"{statistics.median(train['B']):9.2f} {statistics.median(tr):6.2f}  <= 1.1")
+    def row(label: str, x: float, y: float, target: str = "") -> None:
+        print(f"{label:<48} {x:11.2f} {y:9.2f} {x / y:6.2f}  {target}")
+
+    A, B = res["fresh"]["A"], res["fresh"]["B"]
+    row("task start, @ray.remote(num_gpus=1) (new worker), p25 ms", q(A, .25), q(B, .25), "<= 1.05")
+    row("  same, median ms", q(A, .5), q(B, .5), "<= 1.05")
+    row("  same, mean ms", statistics.fmean(A), statistics.fmean(B))
+    A, B = res["reuse"]["A"], res["reuse"]["B"]
+    row("task start, .options(num_gpus=1) (reused worker), p50 ms", q(A, .5), q(B, .5), "<= 1.05")
+    row("  same, p99 ms", q(A, .99), q(B, .99))
+    row("TorchTrainer 4 workers, fit() s (median)", statistics.median(train["A"]), statistics.median(train["B"]),
+        "<= 1.05")
+    for mode, label in (("fresh", "new worker"), ("reuse", "reused worker")):
+        print(f"every round's A/B ({label}, ratio of medians): " + ", ".join(f"{x:.2f}" for x in ratios[mode]))
+    print("every round's A/B (TorchTrainer): " + ", ".join(f"{x:.2f}" for x in tr))
 
 
 if __name__ == "__main__":

@@ -12,12 +12,25 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rayaccel import catalog
-from rayaccel.ray.arbiter import Arbiter, GrantRequest, bundle_order, gpu_pool, mig_pools
+from rayaccel.arbiter.build import build_table
+from rayaccel.arbiter.decide import GrantRequest
+from rayaccel.arbiter.placer import bundle_order
+from rayaccel.arbiter.statefile import Arbiter
+from rayaccel.placement.pools import gpu_pool, mig_pools
+
+
+def arbiter(tmp_path, topo, alive):
+    return Arbiter(tmp_path, build_table(topo, "0" * 12, True), topology=topo, alive=alive)
+
+
+def gpu(slots):
+    return {"GPU": tuple(slots)}
 
 
 class Node:
@@ -26,7 +39,7 @@ class Node:
     def __init__(self, tmp_path, name="dgx1-v100"):
         self.topo = catalog.load(name)
         self.alive: set[int] = set()
-        self.arb = Arbiter(tmp_path, self.topo, alive=lambda p: p in self.alive)
+        self.arb = arbiter(tmp_path, self.topo, lambda p: p in self.alive)
         self.n = len(gpu_pool(self.topo))
         self.used = [0.0] * self.n  # Ray's per-slot usage
         self.held: dict[int, list[tuple[int, float]]] = {}
@@ -53,7 +66,7 @@ class Node:
             self.used[s] += f
         self.alive.add(pid)
         self.held[pid] = slots
-        g = self.arb.grant(GrantRequest(pid=pid, key=f"task:{pid}", gpu=tuple(slots), **kw))
+        g = self.arb.grant(GrantRequest(pid=pid, key=f"task:{pid}", slots=gpu(slots), **kw))
         return pid, g
 
     def release(self, pid):
@@ -77,10 +90,10 @@ def test_four_pairs_on_a_dgx1_are_four_disjoint_nv2_pairs(tmp_path):
 def test_slots_in_use_never_move_and_others_rearrange(tmp_path):
     node = Node(tmp_path)
     p1, g1 = node.grant(1)
-    before = node.arb.read()["pools"]["GPU"][0]
+    before = node.arb.read().pools["GPU"][0]
     for _ in range(3):
         node.grant(2)
-    assert node.arb.read()["pools"]["GPU"][0] == before == g1.devices[0]
+    assert node.arb.read().pools["GPU"][0] == before == g1.devices[0]
 
 
 def test_placement_group_is_a_gang_in_ring_order(tmp_path):
@@ -121,10 +134,11 @@ def test_grant_waits_when_only_reserved_devices_remain_then_drops_removed_group(
     node.release(node.pid)
     pid = node.pid + 1
     node.alive.add(pid)
-    g = node.arb.grant(GrantRequest(pid=pid, key="t", gpu=((1, 1.0),)))
-    assert g.waiting and "reserved" in g.waiting
-    g = node.arb.grant(GrantRequest(pid=pid, key="t", gpu=((1, 1.0),)), pg_alive=lambda pg: False)
-    assert g.waiting is None and len(g.devices) == 1
+    g = node.arb.grant(GrantRequest(pid=pid, key="t", slots=gpu([(1, 1.0)])))
+    # the arbiter asks nobody: it names the group that blocks the grant, the caller asks Ray (outside the lock)
+    assert g.waiting and "reserved" in g.waiting and g.blocked_by == {"ff"}
+    g = node.arb.grant(GrantRequest(pid=pid, key="t", slots=gpu([(1, 1.0)]), gone=frozenset({"ff"})))
+    assert g.waiting is None and len(g.devices) == 1 and "ff" not in node.arb.read().pgs
 
 
 def test_shares_pack_and_never_land_on_a_whole_holders_device(tmp_path):
@@ -147,10 +161,10 @@ def test_drained_device_is_never_granted_and_placeholder_moves_onto_it(tmp_path)
     node.release(p)
     got = [node.grant(1)[1] for _ in range(6)]
     assert all(dev not in x.devices for x in got)
-    snap = node.arb.snapshot()
-    held = {int(pid): h for pid, h in snap["holders"].items()}
-    ph_slot = held[node.pid - 6]["gpu"][0][0]
-    assert snap["pools"]["GPU"][ph_slot] == dev
+    st = node.arb.read()
+    ph_slot = st.holders[node.pid - 6].slots["GPU"][0][0]
+    assert st.pools["GPU"][ph_slot] == dev
+    assert node.arb.snapshot().drained[dev].reason == "Xid 79"
     assert node.arb.undrain(dev) and not node.arb.undrain(dev)
 
 
@@ -169,7 +183,7 @@ def test_constrained_request_waits_until_a_matching_set_is_free(tmp_path):
     for h in [holders[1], node.pid - 1]:
         if h in node.held:
             node.release(h)
-    g = node.arb.grant(GrantRequest(pid=p, key=f"task:{p}", gpu=tuple(node.held[p]), request=req))
+    g = node.arb.grant(GrantRequest(pid=p, key=f"task:{p}", slots=gpu(node.held[p]), request=req))
     assert g.waiting is None and sorted(g.devices) in ([0, 1, 2, 3], [4, 5, 6, 7])
 
 
@@ -178,12 +192,12 @@ def test_mig_slots_map_to_instances_and_avoid_drained_parents(tmp_path):
     pools = mig_pools(topo)
     res, units = next(iter(pools.items()))
     alive = {1, 2}
-    arb = Arbiter(tmp_path, topo, alive=lambda p: p in alive)
-    g = arb.grant(GrantRequest(pid=1, key="a", mig=((res, 0),)))
+    arb = arbiter(tmp_path, topo, lambda p: p in alive)
+    g = arb.grant(GrantRequest(pid=1, key="a", slots={res: ((0, 1.0),)}))
     assert g.partitions and g.partitions[0] in units
     parent = int(g.partitions[0].split(":")[0])
     arb.drain(parent, "test")
-    g2 = arb.grant(GrantRequest(pid=2, key="b", mig=((res, 1 if len(units) > 1 else 0),)))
+    g2 = arb.grant(GrantRequest(pid=2, key="b", slots={res: ((1 if len(units) > 1 else 0, 1.0),)}))
     assert g2.waiting
 
 
@@ -194,21 +208,22 @@ def test_damaged_state_file_is_rebuilt_and_reported(tmp_path):
     _, g = node.grant(1)
     assert g.waiting is None
     st = node.arb.read()
-    assert st["resets"] == 1 and "arbiter.json" in st["reset_reason"]
+    assert st.resets == 1 and "arbiter.json" in st.reset_reason
 
 
 def test_state_file_is_private(tmp_path):
     node = Node(tmp_path)
     node.grant(1)
     assert os.stat(tmp_path / "arbiter.json").st_mode & 0o077 == 0
-    json.loads((tmp_path / "arbiter.json").read_text())
+    raw = (tmp_path / "arbiter.json").read_bytes()
+    assert raw[:4] == b"RAS2" and int.from_bytes(raw[4:8], "big") == zlib.crc32(raw[8:])
 
 
 def test_moving_on_releases_the_previous_grant(tmp_path):
     node = Node(tmp_path)
     pid, g = node.grant(1)
     node.arb.grant(GrantRequest(pid=pid, key="task:other"))  # the same worker runs a CPU task now
-    assert str(pid) not in node.arb.read()["holders"]
+    assert pid not in node.arb.read().holders
 
 
 ops = st.lists(st.tuples(st.sampled_from(["whole", "share", "pg", "release", "drain", "undrain"]),
@@ -258,7 +273,7 @@ def test_property_no_device_is_ever_held_twice(tmp_path_factory, seq, machine):
             assert not set(g.devices) & drained, (g.devices, drained)
             active[pid] = (g.devices, node.held[pid][0][1])
         # invariants
-        pool = node.arb.read()["pools"]["GPU"]
+        pool = node.arb.read().pools["GPU"]
         assert sorted(pool) == sorted(gpu_pool(node.topo))
         whole: dict[int, int] = {}
         shared: dict[int, int] = {}
