@@ -307,3 +307,38 @@ def test_a_first_grant_the_table_answers_loads_no_placer(tmp_path):
     """, {"RAYACCEL_NODE_DIR": str(tmp_path)})
     devs, answered, placer, topo_loaded = json.loads(out)
     assert len(devs) == 2 and answered == 1 and not placer and not topo_loaded, out
+
+
+def test_the_agent_and_status_name_a_stuck_lock_holder(tmp_path, monkeypatch):
+    """The agent never blocks on a stuck lock: it publishes its last snapshot with the holder named."""
+    from rayaccel.arbiter.table import TABLE_FILE
+    from rayaccel.cli.views import status_tables
+    from rayaccel.ray import agent as agent_mod
+    from rayaccel.ray import status
+    from rayaccel.ray.record import NodeRecord
+
+    topo = catalog.load("dgx1-v100")
+    (tmp_path / "record.json").write_text(NodeRecord(KEY, topo, True).to_json())
+    (tmp_path / TABLE_FILE).write_bytes(encode_table(build_table(topo, KEY, True)))
+    monkeypatch.setattr(agent_mod, "LOCK_TIMEOUT_S", 0.2)
+    body = agent_mod.NodeAgent(KEY, str(tmp_path))
+    assert body.tick(publish=False).lock is None
+    holder = _hold_lock(tmp_path, 1.5)
+    try:
+        snap = body.tick(publish=False)
+    finally:
+        holder.wait(10)
+    assert snap.lock is not None and snap.lock.pid == holder.pid
+
+    class NodeView:
+        node_id, node_key, topology, gpus_available = "n" * 12, KEY, topo, 8.0
+        record = NodeRecord(KEY, topo, True)
+
+    row = status._node_row(NodeView(), snap, "answered", time.time())
+    assert row["lock"]["pid"] == holder.pid
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    for x in status_tables({"nodes": [row], "bad": [], "unmanaged": []}):
+        console.print(x)
+    assert f"pid {holder.pid}" in console.export_text()

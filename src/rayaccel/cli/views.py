@@ -21,6 +21,11 @@ def _since(ts: Any) -> str:
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
 
 
+def _lock_line(lock: dict) -> str:
+    return (f"the node lock has been held for {lock.get('held_s', 0):.1f} s by pid {lock.get('pid')} "
+            f"({str(lock.get('what') or '?')[:100]}): every GPU grant on this node waits")
+
+
 def status_tables(data: dict) -> list[Any]:
     """One table per node, then lines for unusable and plain Ray nodes."""
     out: list[Any] = []
@@ -54,6 +59,8 @@ def status_tables(data: dict) -> list[Any]:
                          f"(a runtime_env without rayaccel?): they see no GPU")
         if n.get("agent") != "answered":
             extra.append(f"agent: {n.get('agent')}" + (f" (snapshot {n['age_s']:.0f} s old)" if n.get("age_s") else ""))
+        if n.get("lock"):
+            extra.append(_lock_line(n["lock"]))
         for line in extra:
             out.append(Text("  " + line, style="yellow"))
     for b in data.get("bad", []):
@@ -109,6 +116,8 @@ def top_frame(data: dict, topologies: dict | None = None) -> Any:
             parts.append(Text(f"  waiting: {w.get('name')} (pid {w.get('pid')}): {w.get('waiting')}", style="yellow"))
         if n.get("unhooked_slots"):
             parts.append(Text(f"  {n['unhooked_slots']:g} GPU slot(s) held without the hook", style="yellow"))
+        if n.get("lock"):
+            parts.append(Text("  " + _lock_line(n["lock"]), style="bold red"))
     for b in data.get("bad", []):
         parts.append(Text(f"node {b['node_key']}: unusable: {b['why']}", style="red"))
     if data.get("unmanaged"):
