@@ -21,7 +21,7 @@ def _start(ctx: typer.Context,
     """
     from rich.markup import escape
 
-    from ..ray.arbiter import gpu_pool
+    from ..placement.pools import gpu_pool
     from ..ray.lifecycle import start_node
 
     res = start_node(list(ctx.args), topology, publish=not no_publish)
