@@ -23,17 +23,15 @@ import zlib
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import CorruptObject, UnknownObject
 from .buffers import CudaBackend, from_cpu_bytes
+from .entry import Entry
 from .handle import STORES, Handle
 from .owners import owner_tag, segment_prefix
-
-if TYPE_CHECKING:
-    from .tiers import _Entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +199,7 @@ class Sharing:
             self._exports[e.key] = shared
             return shared
 
-    def _import(self, handle: Handle) -> _Entry:
+    def _import(self, handle: Handle) -> Entry:
         local = self._imports.get((handle.store_id, handle.key))
         if local is not None and local in self._entries:
             return self._entries[local]
