@@ -13,6 +13,10 @@ Ray object reference (``SharedObject.ref``) and a fetch hook.
 
 The owner unlinks a segment when the object is deleted or the store closes; the
 sweeper (:mod:`rayaccel.memory.owners`) removes segments of owners that died.
+
+Not guarded against: a receiver does not check who owns a segment it attaches. Names
+carry 48 random bits and the bytes a CRC-32, which catches damage, not an adversary who
+can write ``/dev/shm`` and guess a name (a per-node keyed MAC would).
 """
 
 from __future__ import annotations
