@@ -49,12 +49,39 @@ def metric_names(expr: str) -> set[str]:
 ALLOWED = {s for n in M.ALL for s in M.series(n)}
 
 
-def test_metric_names_module():
-    assert len(set(M.ALL)) == 10 and set(M.TYPES) == set(M.ALL) == set(M.TAGS)
-    assert all(n.startswith("rayaccel_") for n in M.ALL)
+def _documented_metrics() -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    """Constant -> (name, type, tags) as the ``#:`` comment above each constant of metrics_names states them."""
+    out = {}
+    lines = Path(M.__file__).read_text().splitlines()
+    for prev, line in zip(lines, lines[1:]):
+        m = re.match(r'^([A-Z][A-Z_]+) = "([a-z_]+)"$', line)
+        if m:
+            doc = re.match(r"^#: (gauge|counter|histogram), tags? ([a-z, ]+?): ", prev)
+            assert doc, f"metrics_names.{m.group(1)} lacks its '#: <type>, tags <...>: meaning' comment"
+            out[m.group(1)] = (m.group(2), doc.group(1), tuple(t.strip() for t in doc.group(2).split(",")))
+    return out
+
+
+def test_all_is_every_documented_metric_with_its_type_and_tags():
+    documented = _documented_metrics()
+    assert len(M.ALL) == len(set(M.ALL))
+    assert sorted(M.ALL) == sorted(name for name, _, _ in documented.values())
+    for const, (name, kind, tags) in documented.items():
+        assert getattr(M, const) == name and name.startswith("rayaccel_"), const
+        assert M.TYPES[name] == kind, f"{const}: documented as a {kind}, TYPES says {M.TYPES[name]}"
+        assert M.TAGS[name] == tags, f"{const}: documented tags {tags}, TAGS says {M.TAGS[name]}"
+    assert set(M.TYPES) == set(M.TAGS) == set(M.ALL)
     assert M.exported(M.DEVICE_STATE) == "ray_rayaccel_device_state"
     assert M.series(M.ARBITER_DECISION_SECONDS) == tuple(f"ray_rayaccel_arbiter_decision_seconds_{s}"
                                                          for s in ("bucket", "sum", "count"))
+    assert M.series(M.DEVICE_STATE) == ("ray_rayaccel_device_state",)
+
+
+def test_the_readme_lists_every_exported_metric_with_its_tags():
+    rows = re.findall(r"^\| `(ray_rayaccel_\w+)` \| ([a-z, ]+) \|", (ROOT / "README.md").read_text(), re.M)
+    assert sorted(name for name, _ in rows) == sorted(M.exported(n) for n in M.ALL)
+    for name, tags in rows:
+        assert tuple(t.strip() for t in tags.split(",")) == M.TAGS[name[len("ray_"):]], name
 
 
 def test_dashboard_parses_and_has_panels(dashboard):

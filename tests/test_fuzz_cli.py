@@ -120,7 +120,7 @@ def test_topology_names(source):
 @given(machine=st.sampled_from(["dgx1-v100", "a100-mig", "hgx-h100", "trn1-32xlarge", "mi300x-8x"]),
        gpus=st.none() | st.integers(-3, 12) | st.just(10**30) | values, busy=st.none() | _busy(),
        mig=st.none() | st.sampled_from(["1g.5gb", "3g.20gb", "7g.40gb"]) | text,
-       memory=st.none() | values, shared=st.booleans(), interconnect=st.none() | st.sampled_from(["any", "nvlink"]) | text,
+       memory=st.none() | values, shared=st.booleans(), interconnect=st.none() | st.sampled_from(["any", "direct", "nvlink"]) | text,
        flags=st.lists(st.sampled_from(["--same-numa", "--nic", "--json"]), unique=True))
 def test_plan_options(machine, gpus, busy, mig, memory, shared, interconnect, flags):
     args = ["plan", "-t", machine]

@@ -26,8 +26,10 @@ def app_and_topo(tmp_path):
 @pytest.mark.parametrize("args,code,text", [
     (["--gpus", "2", "--busy", "0,3"], 0, "weakest link NV2"),
     (["--gpus", "4", "--interconnect", "nvlink", "--busy", "1,5"], 1, "all NVLink-connected"),
+    (["--gpus", "4", "--interconnect", "direct", "--busy", "1,5"], 1, "all NVLink-connected"),
+    (["--gpus", "4", "--interconnect", "direct"], 0, "weakest link NV1"),
     (["--gpus", "2", "--busy", "x"], 2, "--busy: cannot read 'x'"),
-], ids=["NV2 pair", "nvlink rejection", "bad busy"])
+], ids=["NV2 pair", "nvlink rejection", "direct rejection", "direct quad", "bad busy"])
 def test_plan_command(app_and_topo, args, code, text):
     app, path = app_and_topo
     res = CliRunner().invoke(app, ["plan", "--topology", path, *args])

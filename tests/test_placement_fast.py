@@ -173,7 +173,7 @@ def test_symmetry_classes_choose_what_every_tied_set_would(source, monkeypatch):
 
     from rayaccel import catalog
     from rayaccel.discovery.capture import import_captures
-    from rayaccel.placement import node
+    from rayaccel.placement import _score
 
     if source.startswith("72_"):
         topo = import_captures([next((Path(__file__).parent / "data" / "captures").glob("72_*.txt"))]).topology
@@ -188,9 +188,9 @@ def test_symmetry_classes_choose_what_every_tied_set_would(source, monkeypatch):
             _clear(ix)
             a = plan(st, gpus=k)
             _clear(ix)
-            monkeypatch.setattr(node, "SCAN_CAP", 10**9)
+            monkeypatch.setattr(_score, "SCAN_CAP", 10**9)  # the score stage keeps every tied set
             b = plan(st, gpus=k)
-            monkeypatch.setattr(node, "SCAN_CAP", 64)
+            monkeypatch.setattr(_score, "SCAN_CAP", 64)
             if a:
                 assert sorted(a.devices) == sorted(b.devices), (sorted(busy), k, a.explain(), b.explain())
             else:

@@ -108,6 +108,28 @@ def test_invalid_requests_name_the_field(fields, field):
     assert e.value.field == field
 
 
+@pytest.mark.parametrize("machine", ["dgx1-v100", "mi300x-8x", "trn1-32xlarge"], ids=["NVLink", "xGMI", "NeuronLink"])
+def test_direct_is_the_general_name_and_nvlink_its_synonym(machine):
+    from rayaccel import catalog
+
+    topo = catalog.load(machine)
+    for k, busy in ((2, set()), (4, {1}), (3, {0, 5})):
+        a = plan(topo, gpus=k, interconnect="direct", busy=busy)
+        b = plan(topo, gpus=k, interconnect="nvlink", busy=busy)
+        assert bool(a) == bool(b)
+        if a:
+            assert a.devices == b.devices and a.why == b.why
+            assert all(topo.link(x, y).direct for x in a.devices for y in a.devices if x < y)
+        else:
+            assert a.reasons == b.reasons
+    r = Request(gpus=2, interconnect="direct")
+    assert r.direct and Request(gpus=2, interconnect="nvlink").direct and not Request(gpus=2).direct
+    assert r.describe() == "2 GPUs, direct"
+    with pytest.raises(RequestError) as e:
+        Request(gpus=2, interconnect="xgmi")
+    assert e.value.field == "interconnect" and "any, direct, nvlink" in str(e.value)
+
+
 def test_unknown_busy_device_is_a_clear_error():
     with pytest.raises(RequestError, match="no device 9"):
         plan(pcie8(), gpus=1, busy={9})

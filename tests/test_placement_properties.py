@@ -14,7 +14,7 @@ from rayaccel.topology import Partition
 from test_placement_machines import GiB, mig_gpu, random_topology
 
 requests = st.one_of(
-    st.builds(Request, gpus=st.integers(1, 11), interconnect=st.sampled_from(["any", "nvlink"]),
+    st.builds(Request, gpus=st.integers(1, 11), interconnect=st.sampled_from(["any", "direct", "nvlink"]),
               same_numa=st.booleans(), nic=st.booleans(),
               gpu_memory=st.one_of(st.none(), st.sampled_from(["8GiB", "30GiB", "64GiB"]))),
     st.builds(Request, gpus=st.just(0), exclusive=st.just(False), gpu_memory=st.sampled_from(["1GiB", "12GiB", "40GiB"])),
@@ -42,7 +42,7 @@ def test_answer_is_a_valid_allocation_or_a_rejection(seed, n, req, busy_frac):
     if req.kind == "devices":
         assert len(a.devices) == req.gpus
         assert not set(a.devices) & {d for d, b in mem.items() if b > 0}  # a 0-byte reservation holds nothing
-        if req.interconnect == "nvlink":
+        if req.interconnect != "any":  # "direct" and its synonym "nvlink"
             assert all(topo.link(x, y).direct for x in a.devices for y in a.devices if x < y)
         if req.same_numa:
             assert len({devs[d].numa_node for d in a.devices}) == 1

@@ -1,27 +1,33 @@
 """rayaccel: make Ray accelerator-aware.
 
-The public surface is listed in ``__all__``. Heavy parts (the Ray layer, vendor
-libraries) are imported lazily on first use, so ``import rayaccel`` stays cheap
-and never fails because a vendor library or driver is absent.
+Public surface (``__all__``; tests/test_api.py holds ``__all__`` to this list):
+
+* topology data: ``Device``, ``Link``, ``MigProfile``, ``Nic``, ``NodeTopology``, ``Partition``
+* discovery: ``discover``, ``load_topology``
+* placement: ``plan``, ``Request``, ``Allocation``, ``Rejection``, ``NodeState``
+* on Ray: ``init``, ``shutdown``, ``remote``, ``gang``, ``get_devices``, ``store``
+* errors, the tree drawn in :mod:`rayaccel.errors`: ``RayaccelError``, ``TopologyError``,
+  ``CaptureError``, ``CatalogError``, ``BackendError``, ``BackendUnavailable``, ``PluginError``,
+  ``RequestError``, ``OutputPathError``, ``ClusterError``, ``Unsatisfiable``, ``StoreError``,
+  ``CorruptObject``, ``StoreFull``, ``UnknownObject``, ``StateError``
+* ``__version__``
+
+``import rayaccel`` imports nothing else: every name is fetched from its module on first
+access (PEP 562 ``__getattr__``), so the import is cheap -- every worker of a rayaccel node
+pays it -- and never fails because a vendor library or driver is absent.
+``from rayaccel import Device`` works as usual.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
 
 __version__ = "0.1.0"
 
-# name -> module that defines it (imported on first access: every Ray worker of a rayaccel
-# node imports this package through the hook, so nothing heavy loads here)
+_ERRORS = ("RayaccelError", "TopologyError", "CaptureError", "CatalogError", "BackendError", "BackendUnavailable",
+           "PluginError", "RequestError", "OutputPathError", "ClusterError", "Unsatisfiable", "StoreError",
+           "CorruptObject", "StoreFull", "UnknownObject", "StateError")
+
+# name -> module that defines it (imported on first access)
 _LAZY = {
-    "RayaccelError": "rayaccel.errors",
-    "Device": "rayaccel.topology",
-    "Link": "rayaccel.topology",
-    "MigProfile": "rayaccel.topology",
-    "Nic": "rayaccel.topology",
-    "NodeTopology": "rayaccel.topology",
-    "Partition": "rayaccel.topology",
+    **{name: "rayaccel.topology" for name in ("Device", "Link", "MigProfile", "Nic", "NodeTopology", "Partition")},
+    **{name: "rayaccel.errors" for name in _ERRORS},
     "load_topology": "rayaccel.discovery",
     "discover": "rayaccel.discovery",
     "plan": "rayaccel.placement",
@@ -40,11 +46,13 @@ _LAZY = {
 __all__ = sorted(["__version__", *_LAZY])
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'rayaccel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
+    from importlib import import_module  # stdlib, on first access only: `import rayaccel` stays bare
+
+    value = getattr(import_module(mod), name)
     globals()[name] = value
     return value
 

@@ -43,7 +43,7 @@ def plan_cmd(
     mig: Optional[str] = typer.Option(None, "--mig", help="one MIG instance of this profile, e.g. 3g.40gb"),
     gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="memory per device, e.g. 20GiB"),
     shared: bool = typer.Option(False, "--shared", help="share one device by --gpu-memory instead of whole devices"),
-    interconnect: str = typer.Option("any", "--interconnect", help="any | nvlink"),
+    interconnect: str = typer.Option("any", "--interconnect", help="any | direct: every pair directly linked, GPU to GPU (NVLink, xGMI, NeuronLink); nvlink is a synonym of direct"),
     same_numa: bool = typer.Option(False, "--same-numa", help="all devices on one NUMA node"),
     nic: bool = typer.Option(False, "--nic", help="require an RDMA NIC near the set"),
     required: Optional[str] = typer.Option(None, "--required", help="devices the set must contain, e.g. 4,5"),

@@ -5,8 +5,9 @@
 * :mod:`.nvidia`, :mod:`.amd`, :mod:`.simulated` -- the built-in backends.
 * :mod:`.fakenvml` -- a public fake NVML answering nvidia-ml-py's calls from a topology
   (and :mod:`.fakeamdsmi`, the same for amdsmi); both can inject health faults.
-* :mod:`.health` -- device health: :class:`~.health.HealthEvent`, the probes
-  (:mod:`.health_nvml`, :mod:`.health_amd`) and :func:`~.health.probe_for`.
+* :mod:`.health` -- device health: :func:`~.health.probe_for` over the probes
+  (:mod:`.health_nvml`, :mod:`.health_amd`), which report :class:`~.health_events.HealthEvent`
+  (:mod:`.health_events`: the kinds, the probe contract). See docs/health.md.
 * :mod:`.capture` -- importers of text captures (``nvidia-smi topo -m`` and friends).
 * :mod:`.load` -- :func:`load_topology`: a catalog name, a topology JSON file or text captures.
 """

@@ -38,6 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._fakenvml_handles import _deref, _Handle, is_nvswitch_topology
 from ._nvml_api import (
     NVMLError, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_TIMEOUT, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,
@@ -48,6 +49,7 @@ from ._nvml_api import (
     nvmlEventTypeDoubleBitEccError, nvmlEventTypePState, nvmlEventTypeSingleBitEccError,
     nvmlEventTypeXidCriticalError,
 )
+from .nvidia import _bus_key
 
 #: Event types every fake device supports (``nvmlDeviceGetSupportedEventTypes``), as on a
 #: data-center GPU of the Volta-Hopper generations.
@@ -126,8 +128,6 @@ class FakeNVMLOps:
             raise ValueError(f"no device {device!r} in this FakeNVML (devices: {sorted(self._pos)})") from None
 
     def _queue(self, pos: int, event_type: int, data: int, gi: int = WHOLE_DEVICE, ci: int = WHOLE_DEVICE) -> None:
-        from .fakenvml import _Handle
-
         ev = FakeEventData(_Handle(pos), event_type, data, gi, ci)
         with self._cond:
             for s in self._sets:
@@ -237,8 +237,6 @@ class FakeNVMLOps:
         return self._known(self.nvml_version)  # type: ignore[attr-defined]
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
-        from .fakenvml import _Handle
-
         self._enter("nvmlDeviceGetHandleByUUID")  # type: ignore[attr-defined]
         key = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
         for pos, fd in enumerate(self._devices):
@@ -248,9 +246,6 @@ class FakeNVMLOps:
         raise NVMLError(NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetHandleByPciBusId(self, pciBusId: str | bytes) -> Any:
-        from .fakenvml import _Handle
-        from .nvidia import _bus_key
-
         self._enter("nvmlDeviceGetHandleByPciBusId")  # type: ignore[attr-defined]
         key = _bus_key(pciBusId.decode() if isinstance(pciBusId, bytes) else str(pciBusId))
         for pos, fd in enumerate(self._devices):
@@ -362,8 +357,6 @@ class FakeNVMLOps:
         return [mode, mode if pending is None else int(pending)]
 
     def _fabric(self, function: str, device: Any, info_ref: Any) -> int:
-        from .fakenvml import _deref, is_nvswitch_topology
-
         fd = self._enter(function, device)  # type: ignore[attr-defined]
         fabric = self._ops[device.index].fabric
         if fabric is None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from ..topology import Device, Link, MigProfile, NodeTopology, Partition
 from . import _nvml_api
+from ._fakenvml_handles import _deref, _Handle, is_nvswitch_topology
 from ._fakenvml_ops import FakeNVMLOps
 from ._nvml_api import (
     NVMLError, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
@@ -71,21 +72,6 @@ def _profile_index(p: MigProfile) -> int | None:
     return _PROFILE_INDEX.get((g, suffix))
 
 
-def _deref(ref: Any) -> Any:
-    """The ctypes object behind ``byref(x)`` / ``pointer(x)`` / ``x``."""
-    if hasattr(ref, "_obj"):
-        return ref._obj
-    if hasattr(ref, "contents"):
-        return ref.contents
-    return ref
-
-
-@dataclass(frozen=True)
-class _Handle:
-    index: int
-    mig: int | None = None  # MIG device slot on the parent, or None for the full GPU
-
-
 @dataclass
 class _GpuInstance:
     gi_id: int
@@ -120,15 +106,6 @@ def _nvlink_version(link: Link) -> int:
     except KeyError:
         raise ValueError(f"link {link.a}-{link.b}: no NVLink version runs {link.lane_gbps} GB/s per lane "
                          f"(NVML reports 20, 25 or 50)") from None
-
-
-def is_nvswitch_topology(topology: NodeTopology) -> bool:
-    """True when FakeNVML models ``topology`` with NVSwitches: >= 4 GPUs, every pair
-    joined by NVLink with one and the same known lane count."""
-    n = len(topology.devices)
-    links = [l for l in topology.links if l.kind == "nvlink"]
-    counts = {l.count for l in links}
-    return n >= 4 and len(links) == n * (n - 1) // 2 and len(counts) == 1 and None not in counts
 
 
 #: How many of the latest calls :attr:`FakeNVML.calls` keeps (a simulated node polls for as long as it runs).

@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from ..errors import BackendError, BackendUnavailable
 from ..topology import NodeTopology
-from .health import KIND_SEVERITY, THROTTLE_REARM_S, Edges, HealthEvent, check_timeout
+from .health_events import KIND_SEVERITY, THROTTLE_REARM_S, Edges, HealthEvent, check_timeout
 from .nvidia import _bus_key
 
 log = logging.getLogger(__name__)

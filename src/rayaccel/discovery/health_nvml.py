@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from ..errors import BackendError, BackendUnavailable
 from ..topology import Device, NodeTopology
-from .health import (
+from .health_events import (
     APPLICATION_XIDS, KIND_SEVERITY, THROTTLE_REARM_S, Edges, HealthEvent, check_timeout, classify_xid, xid_detail,
 )
 from .nvidia import _bus_key, _text

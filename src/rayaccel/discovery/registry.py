@@ -19,6 +19,9 @@ the wrong type, a ``discover()`` that raises or returns something other than a v
 :class:`~rayaccel.topology.NodeTopology`, each becomes a :class:`PluginError` naming
 the plugin. One bad plugin degrades only itself: :func:`discover` without a backend
 name skips it (with a :class:`PluginWarning` naming it) and goes on to the next one.
+A plugin that *hangs* (an endless loop at import, in ``available()`` or ``discover()``)
+is not timed out: Python cannot stop a thread, so that would need discovery in a
+subprocess, which every ``topo`` command and node start would pay for.
 
 Writing a plugin::
 

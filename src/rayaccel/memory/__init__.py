@@ -6,7 +6,8 @@
         x = store.get(h)
 
 Modules: :mod:`.store` (the store's public API), :mod:`.tiers` (placement,
-LRU eviction and moves between tiers), :mod:`.handle` (handles),
+LRU eviction and moves between tiers), :mod:`.entry` (the record of one
+stored object), :mod:`.handle` (handles),
 :mod:`.buffers` (byte views, buffer pools, the simulated and CUDA backends),
 :mod:`.spill` (chunked, checksummed, self-describing spill files: xxh3 with
 the ``xxhash`` package, CRC-32 without), :mod:`.share` (same-node hand-off

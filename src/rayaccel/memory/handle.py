@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .buffers import Layout
 
-if TYPE_CHECKING:
-    from .store import Store
+
+class OpenStore(Protocol):
+    """What handles and other stores of the process use of a :class:`~rayaccel.memory.Store`."""
+
+    sharing: bool
+    closed: bool
+
+    def export(self, handle: "Handle") -> Any: ...
+
+    def get(self, handle: "Handle", device: str | None = None) -> Any: ...
+
 
 #: open stores of this process by id (weak: a store that is garbage collected drops out)
-STORES: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
+STORES: "weakref.WeakValueDictionary[str, OpenStore]" = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True, slots=True)

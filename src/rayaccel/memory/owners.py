@@ -20,6 +20,10 @@ Other users. ``/tmp`` and ``/dev/shm`` are shared by every user of the machine, 
 * segment names carry the owner's uid, and :func:`sweep` only ever removes entries
   owned by this user: another user's (or an unremovable) leftover is skipped, never
   fatal.
+
+An explicit spill directory (``Store(spill_dir=...)``, ``RAYACCEL_SPILL_DIR``) is the
+caller's choice and gets no ownership check: a shared, sticky ``/scratch`` is a normal
+place for it. Each store's own directory inside it is still ``0700`` and exclusive.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ Ray object reference (``SharedObject.ref``) and a fetch hook.
 
 The owner unlinks a segment when the object is deleted or the store closes; the
 sweeper (:mod:`rayaccel.memory.owners`) removes segments of owners that died.
+
+Not guarded against: a receiver does not check who owns a segment it attaches. Names
+carry 48 random bits and the bytes a CRC-32, which catches damage, not an adversary who
+can write ``/dev/shm`` and guess a name (a per-node keyed MAC would).
 """
 
 from __future__ import annotations
@@ -23,17 +27,15 @@ import zlib
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import CorruptObject, UnknownObject
 from .buffers import CudaBackend, from_cpu_bytes
+from .entry import Entry
 from .handle import STORES, Handle
 from .owners import owner_tag, segment_prefix
-
-if TYPE_CHECKING:
-    from .tiers import _Entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +203,7 @@ class Sharing:
             self._exports[e.key] = shared
             return shared
 
-    def _import(self, handle: Handle) -> _Entry:
+    def _import(self, handle: Handle) -> Entry:
         local = self._imports.get((handle.store_id, handle.key))
         if local is not None and local in self._entries:
             return self._entries[local]

@@ -50,11 +50,12 @@ from ..errors import CorruptObject, StoreError, StoreFull, UnknownObject
 from ..units import parse_bytes
 from . import share as _share
 from .buffers import CudaBackend, cpu_bytes, describe, from_cpu_bytes, make_backend, to_device
+from .entry import Entry
 from .handle import STORES, Handle
 from .owners import default_spill_root, owner_tag, private_dir, sweep
 from .spill import DEFAULT_CHUNK_BYTES, algorithm, read_spill, write_spill
 from .stats import Transfers
-from .tiers import TIERS, TierMoves, _Entry
+from .tiers import TIERS, TierMoves
 
 __all__ = ["TIERS", "Handle", "Store"]
 
@@ -151,8 +152,8 @@ class Store(_share.Sharing, TierMoves):
         self.remote_fetch: Callable[[Any, str], np.ndarray] | None = None
         #: hook the Ray layer sets: add a cross-node fallback to an export
         self.export_hook: Callable[[Any, np.ndarray | None], Any] | None = None
-        self._entries: dict[int, _Entry] = {}
-        self._lru: dict[str, OrderedDict[int, _Entry]] = {t: OrderedDict() for t in TIERS}
+        self._entries: dict[int, Entry] = {}
+        self._lru: dict[str, OrderedDict[int, Entry]] = {t: OrderedDict() for t in TIERS}
         self._used = dict.fromkeys(TIERS, 0)
         self._lock = threading.RLock()
         self._keys = itertools.count(1)
@@ -191,7 +192,7 @@ class Store(_share.Sharing, TierMoves):
         with self._lock:
             self._check_open()
             key = next(self._keys)
-            e = _Entry(key=key, name=name or f"obj-{key}", layout=layout, tier="")
+            e = Entry(key=key, name=name or f"obj-{key}", layout=layout, tier="")
             tier = self._place(e)
             if tier == "device":
                 e.data, e.pooled = self._backend.to_device_data(obj, layout)
@@ -338,13 +339,6 @@ class Store(_share.Sharing, TierMoves):
                 self.budgets[tier] = old
                 raise
 
-    def prefetch(self, handle: Handle) -> None:
-        """Restore an object to the device tier now (as ``get`` would, without returning it)."""
-        with self._lock:
-            e = self._entry(handle)
-            if e.tier != "device":
-                self._move(e, "device")
-
     def stats(self) -> dict[str, Any]:
         """Counters: ``spills``, ``restores``, ``lost``, ``device_bytes``/``host_bytes``/``disk_bytes``
         (bytes held per tier), ``objects``, ``pinned``, budgets, ``moved_bytes`` and
@@ -405,7 +399,7 @@ class Store(_share.Sharing, TierMoves):
         if self._closed:
             raise StoreError("the store is closed")
 
-    def _entry(self, handle: Handle, imports: bool = True) -> _Entry:
+    def _entry(self, handle: Handle, imports: bool = True) -> Entry:
         if not isinstance(handle, Handle):
             raise UnknownObject(f"expected a Handle from Store.put, got {type(handle).__name__}")
         if handle.store_id != self.id:
@@ -431,7 +425,7 @@ class Store(_share.Sharing, TierMoves):
             obj = obj.cpu()
         return cpu_bytes(obj)
 
-    def _cpu_copy_or_view(self, e: _Entry) -> np.ndarray:
+    def _cpu_copy_or_view(self, e: Entry) -> np.ndarray:
         """Flat uint8 CPU bytes of an object on any tier (a view when already in CPU memory)."""
         if e.tier == "host":
             return e.data
@@ -446,7 +440,7 @@ class Store(_share.Sharing, TierMoves):
             raise
         return out
 
-    def _transient(self, e: _Entry, device: str | None) -> Any:
+    def _transient(self, e: Entry, device: str | None) -> Any:
         data = self._cpu_copy_or_view(e)
         obj = from_cpu_bytes(data.copy() if data is e.data else data, e.layout)
         if device is None and isinstance(self._backend, CudaBackend) and e.layout.kind == "torch":

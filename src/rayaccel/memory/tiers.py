@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +22,24 @@ import numpy as np
 
 from ..errors import CorruptObject, StoreFull
 from . import share as _share
-from .buffers import CudaBackend, Layout
-from .spill import SpillRecord, read_spill, remove_later, write_spill
+from .buffers import CudaBackend
+from .entry import Entry
+from .spill import read_spill, remove_later, write_spill
 
 TIERS = ("device", "host", "disk")
-
-
-@dataclass(slots=True, eq=False)
-class _Entry:
-    key: int
-    name: str
-    layout: Layout
-    tier: str
-    data: Any = None  # device tier: backend bytes; host tier: uint8 CPU buffer; disk: None
-    pooled: bool = False  # data came from a buffer pool (may go back to it)
-    record: SpillRecord | None = None
-    refs: int = 1
-    pins: int = 0
-    lost: str | None = None
-
 
 
 class TierMoves:
     """Tier bookkeeping and moves for :class:`~rayaccel.memory.Store` (see the module docstring)."""
 
-    def _meta(self, e: _Entry) -> dict[str, Any]:
+    def _meta(self, e: Entry) -> dict[str, Any]:
         return {"name": e.name, "kind": e.layout.kind, "dtype": e.layout.dtype, "shape": list(e.layout.shape)}
 
-    def _spill_path(self, e: _Entry) -> Path:
+    def _spill_path(self, e: Entry) -> Path:
         self._spill_seq += 1  # a fresh name each time: a file being removed later never collides
         return self.spill_dir / f"{e.key}-{self._spill_seq}.spill"
 
-    def _account(self, e: _Entry, tier: str, sign: int) -> None:
+    def _account(self, e: Entry, tier: str, sign: int) -> None:
         self._used[tier] += sign * e.layout.nbytes
         if sign > 0:
             self._lru[tier][e.key] = e
@@ -65,7 +50,7 @@ class TierMoves:
         budget = self.budgets[tier]
         return budget is None or nbytes <= budget
 
-    def _place(self, e: _Entry) -> str:
+    def _place(self, e: Entry) -> str:
         reasons = []
         for tier in TIERS:
             if not self._fits(tier, e.layout.nbytes):
@@ -79,7 +64,7 @@ class TierMoves:
                 reasons.append(f"{tier}: {err}")
         raise StoreFull(f"no tier can hold {e.name} ({e.layout.nbytes} bytes): " + "; ".join(reasons))
 
-    def _make_room(self, tier: str, nbytes: int, exclude: _Entry | None) -> bool:
+    def _make_room(self, tier: str, nbytes: int, exclude: Entry | None) -> bool:
         """Evict LRU unpinned objects of ``tier`` down until ``nbytes`` fit. False if impossible."""
         budget = self.budgets[tier]
         if tier == "disk":
@@ -103,7 +88,7 @@ class TierMoves:
             pool.trim(budget - self._used[tier] - nbytes)
         return True
 
-    def _move(self, e: _Entry, target: str) -> None:
+    def _move(self, e: Entry, target: str) -> None:
         """Move one object between tiers, all or nothing."""
         src, n, be = e.tier, e.layout.nbytes, self._backend
         if target == "device" and not self._make_room("device", n, e):
@@ -162,14 +147,14 @@ class TierMoves:
             budget = self.budgets[tier]
             pool.give(buf, max(0, budget - self._used[tier]), held=2)
 
-    def _lose(self, e: _Entry, why: str) -> None:
+    def _lose(self, e: Entry, why: str) -> None:
         self._account(e, e.tier, -1)
         if e.record is not None:
             _unlink(e.record.path)
         e.data, e.record, e.lost = None, None, why
         self._transfers.lost += 1
 
-    def _drop(self, e: _Entry) -> None:
+    def _drop(self, e: Entry) -> None:
         self._entries.pop(e.key, None)
         if not e.lost:
             self._account(e, e.tier, -1)

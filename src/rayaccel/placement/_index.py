@@ -4,6 +4,11 @@ A :class:`TopoIndex` holds dense matrices (link level, bandwidth, NUMA, NIC
 proximity) over device *positions* ``0..n-1`` (devices sorted by index). It is
 built once per distinct topology *content*: clusters have many nodes but few
 machine types, so nodes of one type share one index and one result cache.
+
+Also per topology, cached on the index: the GPU pool as a position mask
+(:func:`pool_mask`, from :func:`.pools.gpu_pool`) and the node's symmetries --
+:func:`twin_classes` (devices with identical link rows are interchangeable) and
+:func:`canonical` (a representative of a device set under them).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..topology import NO_LINK_RANK, NodeTopology
+from .pools import gpu_pool
 
 _NEAR_NIC = ("PIX", "PXB")
 #: Score of the PCIe path class under a link, for the tie-break after total bandwidth
@@ -121,3 +127,89 @@ def _build(topo: NodeTopology, key: int) -> TopoIndex:
                 near[pos[d]] = True
     failed = frozenset(pos[d] for d in indices if devs[d].health == "failed")
     return TopoIndex(topo, key, indices, pos, frozenset(indices), level, levels, bw, direct, pcie, numa, near, failed)
+
+
+def pool_mask(ix: TopoIndex) -> int:
+    """Positions of the GPU pool (:func:`.pools.gpu_pool`): what whole-device requests may use on an idle node. Cached."""
+    got = ix.cache.get("pool")
+    if got is None:
+        pool = set(gpu_pool(ix.topology))
+        got = ix.cache["pool"] = sum(1 << i for i, d in enumerate(ix.indices) if d in pool)
+    return got
+
+
+def twin_classes(ix: TopoIndex, with_nic: bool, pcie: bool = True) -> list[int]:
+    """Class id per position: devices with identical rows share an id (twins). Cached.
+
+    Twins have the same level, bandwidth and PCIe path to every other device, the same
+    NUMA node and (with ``with_nic``) the same NIC proximity, so they are interchangeable
+    for the searches (see :mod:`.search`, "Symmetry").
+
+    ``pcie=False``: rows need only equal levels and bandwidths (the PCIe paths may differ),
+    for what does not look at the PCIe paths (criteria 1-4).
+    """
+    ck = ("twins", with_nic, pcie)
+    got = ix.cache.get(ck)
+    if got is not None:
+        return got
+    n = ix.n
+    lv, bw, pc = ix.level, ix.bw, ix.pcie
+    cls = [-1] * n
+    members: list[list[int]] = []
+    for v in range(n):
+        for c, mem in enumerate(members):
+            r = mem[0]
+            if ix.numa[r] != ix.numa[v] or (with_nic and ix.nic_near[r] != ix.nic_near[v]):
+                continue
+            ok = True
+            for m in mem:
+                for w in range(n):
+                    if w != m and w != v and (lv[m][w] != lv[v][w] or bw[m][w] != bw[v][w]
+                                              or (pcie and pc[m][w] != pc[v][w])):
+                        ok = False
+                        break
+                if not ok:
+                    break
+            if ok:
+                cls[v] = c
+                mem.append(v)
+                break
+        if cls[v] < 0:
+            cls[v] = len(members)
+            members.append([v])
+    ix.cache[ck] = cls
+    return cls
+
+
+def canonical(ix: TopoIndex, rest: int) -> int:
+    """A representative of ``rest`` under the twin symmetries (same count per twin class, lowest positions).
+
+    Twins that differ in health, MIG mode or GPU-pool membership are kept apart (they
+    are not interchangeable). Criterion 4 (:mod:`._tiebreak`) computes its qualities
+    once per class of remainders alike under this.
+    """
+    got = ix.cache.get("canon")
+    if got is None:
+        cls = twin_classes(ix, False, pcie=False)  # criterion 4 does not look at the PCIe paths
+        mig = {d.index for d in ix.topology.devices if d.mig_mode}
+        pool = pool_mask(ix)
+        members: dict[tuple, list[int]] = {}
+        for p, c in enumerate(cls):
+            members.setdefault((c, p in ix.failed, ix.indices[p] in mig, pool >> p & 1), []).append(p)
+        singles = 0
+        groups = []
+        for ps in members.values():
+            if len(ps) == 1:
+                singles |= 1 << ps[0]
+            else:
+                cm = sum(1 << p for p in ps)
+                prefix = [0]
+                for p in ps:
+                    prefix.append(prefix[-1] | (1 << p))
+                groups.append((cm, prefix))
+        got = ix.cache["canon"] = (singles, tuple(groups))
+    singles, groups = got
+    out = rest & singles
+    for cm, prefix in groups:
+        out |= prefix[(rest & cm).bit_count()]
+    return out

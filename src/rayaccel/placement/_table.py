@@ -38,7 +38,8 @@ from __future__ import annotations
 from itertools import combinations, islice
 from math import comb
 
-from ._index import TopoIndex
+from ._index import TopoIndex, canonical
+from ._search_result import SearchResult
 
 #: Nodes of up to this many devices get the tables (2**n entries).
 TABLE_UP_TO = 16
@@ -248,8 +249,6 @@ def best(tb: Table, free: int, k: int, nvlink: bool = False, nic: bool = False, 
     total bandwidth; ``nic`` then filters but does not rank), in key order.
     See the module docstring.
     """
-    from .search import SearchResult
-
     f = free.bit_count()
     q = req.bit_count()
     if k < 1 or f < k or req & ~free or q > k:
@@ -322,8 +321,6 @@ def best(tb: Table, free: int, k: int, nvlink: bool = False, nic: bool = False, 
 
 def _enumerate(tb: Table, free: int, k: int, nvlink: bool, nic: bool, same_numa: bool, cap: int | None,
                req: int = 0, coarse: bool = False):
-    from .search import SearchResult
-
     key = tb.key
     bits = [1 << p for p in range(tb.n) if (free & ~req) >> p & 1]
     constrained = nvlink or nic or same_numa
@@ -389,8 +386,6 @@ def _pairs(tb: Table, r: int) -> tuple[int, int, int]:
     got = memo.get(r)
     if got is not None:
         return got
-    from ._tiebreak import canonical
-
     c = canonical(tb.ix, r)  # remainders alike up to the node's symmetries pack alike
     if c != r:
         got = memo[r] = _pairs(tb, c)

@@ -1,78 +1,126 @@
-"""What decides among sets tied on criteria 1-3: ``near`` (data locality), then fragmentation.
+"""Stage 3 of a node's decision, the tie-breaks: among the sets tied on criteria 1-3, in this order.
 
-Criterion 4 (fragmentation), computed on nodes of up to 16 devices over *every*
-tied set (no cap), compares what each candidate leaves free, ``R``:
+Each returns the sets it keeps and, when it set some apart, why (a :class:`~._explain.Cut`):
 
-a. **groups kept whole**: for each size ``s`` (largest first), whether ``R``
-   still holds an *s-group* -- an s-set as good as the idle node's best s-set on
-   weakest link and NUMA nodes (criteria 1 and 3). On a DGX-1 that is an NVLink
-   quad at s=4 and an NV2 pair at s=2; on an 8x A10 with two NVLink quads a
-   1- or 2-GPU job takes from the broken quad; on an NVSwitch box it keeps whole
-   NUMA nodes. This is what protects later requests of *any* size. Bandwidth
-   sums are left out on purpose: at large sizes they would let noise decide
-   before the sizes where groups exist.
-b. **packing at the request's size**: pack ``R`` greedily into best sets of
-   size max(k, 2) (repeatedly take the best set of that size from what is left)
-   and sum the weakest-link levels, then the bandwidths, of those sets. A
-   1-GPU job thus takes a device whose partner is busy instead of breaking up an
-   NVLink pair (k8s-device-plugin#1193).
+1. :func:`by_near` -- ``near`` (data locality, only when asked): the modeled seconds to
+   bring 1 GiB from each near device to the nearest chosen device
+   (:func:`rayaccel.transfer.locality_cost`), summed; the lowest wins.
+2. :func:`by_fragmentation` -- criterion 4, computed on nodes of up to 16 devices over
+   *every* tied set (no cap), compares what each candidate leaves free, ``R``:
 
-Both are functions of ``R`` up to the node's symmetries (devices with
-identical link rows are interchangeable), so each is computed once per class of
-isomorphic remainders (:func:`canonical`) and cached per topology.
+   a. **groups kept whole**: for each size ``s`` (largest first), whether ``R``
+      still holds an *s-group* -- an s-set as good as the idle node's best s-set on
+      weakest link and NUMA nodes (criteria 1 and 3). On a DGX-1 that is an NVLink
+      quad at s=4 and an NV2 pair at s=2; on an 8x A10 with two NVLink quads a
+      1- or 2-GPU job takes from the broken quad; on an NVSwitch box it keeps whole
+      NUMA nodes. This is what protects later requests of *any* size. Bandwidth
+      sums are left out on purpose: at large sizes they would let noise decide
+      before the sizes where groups exist.
+   b. **packing at the request's size**: pack ``R`` greedily into best sets of
+      size max(k, 2) (repeatedly take the best set of that size from what is left)
+      and sum the weakest-link levels, then the bandwidths, of those sets. A
+      1-GPU job thus takes a device whose partner is busy instead of breaking up an
+      NVLink pair (k8s-device-plugin#1193).
 
-``near`` (a soft preference, ahead of criterion 4): the modeled seconds to
-bring 1 GiB from each near device to the nearest chosen device
-(:func:`rayaccel.transfer.locality_cost`), summed; the lowest wins.
+   Both are functions of ``R`` up to the node's symmetries (devices with identical
+   link rows are interchangeable), so each is computed once per class of isomorphic
+   remainders (:func:`._index.canonical`) and cached per topology.
+3. :func:`resolve_classes` -- not a criterion: when the score stage kept one set per
+   symmetry class, each class is replaced by its member with the best PCIe paths.
+4. :func:`by_pcie` -- criterion 5, the PCIe paths under the links (summed per pair:
+   same switch PIX > PXB > same root complex PHB > same socket NODE > SYS).
+5. the lowest device indices (:func:`~._symmetry.lex_key`), in the caller.
+
+Also here: :func:`takes_straggler`, the cluster placer's view of criterion 4 for
+one-device jobs.
 """
 
 from __future__ import annotations
 
-from ._index import TopoIndex
-from ._table import _NUMA_SHIFT, Table, _ok, group_bits, pack_quality
+from functools import partial
+
+from ..transfer import Endpoint, locality_cost
+from ._explain import CRITERIA, Cut
+from ._filter import free_mask, list_devices
+from ._index import TopoIndex, canonical, index_of, pool_mask
+from ._score import NEAR_TIE_CAP, Scored, key_of, pcie_of
+from ._symmetry import best_member, lex_key, near_classes
+from ._table import Table, group_bits, pack_quality, table_of
+from ._table import best as table_best
+from .search import best_sets
 
 #: Bytes assumed on each ``near`` device when modeling the locality cost.
 NEAR_BYTES = 1 << 30
+#: Sets tied on criteria 1-2 that ``near`` compares (table nodes; in key order).
+NEAR_SCAN = 1024
 
 
-def canonical(ix: TopoIndex, rest: int) -> int:
-    """A representative of ``rest`` under the twin symmetries (same count per twin class, lowest positions).
+def by_near(sc: Scored, cands: list[int]) -> Cut:
+    """``near`` among the sets tied on criteria 1-2.
 
-    Twins that differ in health or MIG mode are kept apart (they are not interchangeable).
+    Candidates: every set tied with the best on weakest link and total bandwidth (up
+    to :data:`NEAR_SCAN`, table nodes), or above the table size the tied sets found
+    plus, for each free near device, the best sets that hold it when they tie on
+    criteria 1-2. The lowest locality cost wins; criteria 2b-3 then rank what is left
+    (so the sets kept may differ from ``cands`` even when ``near`` told none apart).
     """
-    got = ix.cache.get("canon")
-    if got is None:
-        from .search import twin_classes
+    ix, request, mask, req, res, near = sc.ix, sc.request, sc.mask, sc.req, sc.res, sc.near
+    k = request.gpus
+    tb = sc.tb
+    flags = dict(nvlink=request.direct, nic=request.nic, same_numa=request.same_numa)
+    if tb is not None:
+        group = None
+        free_near = sum(1 << d for d in near if mask >> d & 1)
+        if free_near and (req | free_near).bit_count() <= k and len(near) == free_near.bit_count():
+            # every near device free: the sets that hold them all cost 0 -- if they tie on criteria 1-2
+            r = table_best(tb, mask, k, cap=NEAR_SCAN, req=req | free_near, coarse=True, **flags)
+            if r is not None and r.key[:2] == res.key[:2]:
+                group = r.sets + [m for m in res.sets if m & free_near != free_near][:1]
+        if group is None:
+            group = table_best(tb, mask, k, cap=NEAR_SCAN, req=req, coarse=True, **flags).sets
+    else:
+        group = list(res.sets)
+        for d in near[:4]:
+            if mask >> d & 1 and not req >> d & 1 and req.bit_count() < k:
+                r = best_sets(ix, mask, k, tie_cap=NEAR_TIE_CAP, required=req | (1 << d),
+                              classes=near_classes(ix, request.nic, near), **flags)
+                if r is not None and r.key[:2] == res.key[:2]:
+                    group += [m for m in r.sets if m not in group]
+    costs = {m: near_cost(ix, near, m) for m in group}
+    low = min(costs.values())
+    cheap = [m for m in group if costs[m] == low]
+    keys = {m: key_of(ix, m, request.nic)[1][:4] for m in cheap}  # criteria 1-3; the PCIe paths come after 4
+    top = max(keys.values())
+    left = [m for m in cheap if keys[m] == top]
+    if len(cheap) == len(group):  # near told no set apart
+        return Cut(left)
+    other = min((m for m in group if costs[m] != low), key=lambda m: (costs[m], ix.devices_of(m)))
+    line = (f"decided by: near (data locality): modeled {low / 1e6:.3g} ms to bring 1 GiB from each of device "
+            f"{list_devices(list(request.near))} to the set, vs {costs[other] / 1e6:.3g} ms for {list(ix.devices_of(other))} "
+            f"({len(group)} sets tie on weakest link and bandwidth)")
+    # near is the first tie-break, so no earlier criterion can have decided: ``then`` is never used
+    return Cut(left, "near", line, line, dropped=[m for m in group if m not in left][:5])
 
-        cls = twin_classes(ix, False, pcie=False)  # criterion 4 does not look at the PCIe paths
-        mig = {d.index for d in ix.topology.devices if d.mig_mode}
-        members: dict[tuple, list[int]] = {}
-        for p, c in enumerate(cls):
-            members.setdefault((c, p in ix.failed, ix.indices[p] in mig), []).append(p)
-        singles = 0
-        groups = []
-        for ps in members.values():
-            if len(ps) == 1:
-                singles |= 1 << ps[0]
-            else:
-                cm = sum(1 << p for p in ps)
-                prefix = [0]
-                for p in ps:
-                    prefix.append(prefix[-1] | (1 << p))
-                groups.append((cm, prefix))
-        got = ix.cache["canon"] = (singles, tuple(groups))
-    singles, groups = got
-    out = rest & singles
-    for cm, prefix in groups:
-        out |= prefix[(rest & cm).bit_count()]
-    return out
+
+def by_fragmentation(sc: Scored, cands: list[int], n_tied: int) -> Cut:
+    """Criterion 4 over ``cands`` (table nodes, two or more sets); ``n_tied``: how many sets they stand for."""
+    ix, tb, state, k = sc.ix, sc.tb, sc.state, sc.request.gpus
+    pool = free_mask(ix, state) if state.busy_partitions else ((1 << ix.n) - 1) & ~state.key[1]
+    left, qual, part = fragmentation(ix, tb, pool_mask(ix), pool, cands, k)
+    if part is None:
+        return Cut(left, quality=qual)
+    ties = f"{len(cands)}" if sc.sigs is None else f"{n_tied}+ (in {len(cands)} symmetry classes)"
+    tail = f" ({ties} sets tie on criteria 1-3)"
+    # the sentence is written only if the allocation is materialized (it scans the tied sets)
+    return Cut(left, "criterion 4", partial(_why_fragmentation, ix, part, left[0], cands, qual, k, "decided by: ", tail),
+               partial(_why_fragmentation, ix, part, left[0], cands, qual, k, "then: ", tail), quality=qual)
 
 
 def fragmentation(ix: TopoIndex, tb: Table, usable: int, pool: int, cands: list[int], k: int):
-    """Criterion 4 over ``cands`` (masks): (winners, their quality, {mask: quality}, which part decided).
+    """Criterion 4 over ``cands`` (masks): (winners, {mask: quality}, which part decided).
 
     ``pool``: devices free for exclusive use (the remainder is ``pool & ~m``);
-    ``usable``: devices that are not failed or in MIG mode (where groups live).
+    ``usable``: the GPU pool (:func:`._index.pool_mask`: where groups live).
     The quality is ``(groups kept, packing levels, packing milli-GB/s)``; "decided"
     is ``"4a"``, ``"4b"`` or None (still tied).
     """
@@ -96,12 +144,56 @@ def fragmentation(ix: TopoIndex, tb: Table, usable: int, pool: int, cands: list[
     return left, quality, decided
 
 
+def _why_fragmentation(ix: TopoIndex, part: str, chosen: int, cands: list[int], qual: dict, k: int,
+                       head: str, tail: str) -> str:
+    mine = qual[chosen]
+    if part == "4a":
+        other = max((m for m in cands if qual[m][0] != mine[0]), key=lambda m: (qual[m][0], lex_key(ix, m)))
+        diff = mine[0] & ~qual[other][0]
+        s = diff.bit_length() - 1
+        line = (f"criterion 4 (fragmentation): leaves a free {s}-device group as good as an idle node's best "
+                f"{s}-set (weakest link and NUMA) whole; {list(ix.devices_of(other))} would break it")
+    else:
+        line = (f"criterion 4 (fragmentation): every set keeps the same free groups; this one leaves the free devices "
+                f"best packed into further size-{max(k, 2)} sets")
+    return head + line + tail
+
+
+def resolve_classes(sc: Scored, left: list[int], cands: list[int], qual: dict) -> tuple[list[int], list[int], dict]:
+    """Each symmetry class's member with the best PCIe paths (then lowest positions), for ``left``, ``cands``, ``qual``."""
+    r = sc.request
+    best_of = {m: best_member(sc.tb, sc.mask, r.gpus, sc.req, r.direct, r.nic, r.same_numa, sc.res.hit, sc.sigs[m])
+               for m in left}
+    qual = {best_of.get(m, m): q for m, q in qual.items()}
+    return [best_of[m] for m in left], [best_of.get(m, m) for m in cands], qual
+
+
+def by_pcie(sc: Scored, left: list[int]) -> Cut:
+    """Criterion 5: the sets whose PCIe paths under the links score highest."""
+    if len(left) < 2:
+        return Cut(left)
+    ix = sc.ix
+    pc = {m: pcie_of(ix, m) for m in left}
+    top = max(pc.values())
+    best_pc = [m for m in left if pc[m] == top]
+    if len(best_pc) == len(left):
+        return Cut(left)
+    upto = 4 if sc.tb is not None else 3
+    return Cut(best_pc, "criterion 5", partial(_why_pcie_first, ix, pc, top, left, upto),
+               f"then: {CRITERIA[4]}: score {top} for {len(best_pc)} of the {len(left)} sets left "
+               f"(tied on criteria 1-{upto})")
+
+
+def _why_pcie_first(ix: TopoIndex, pc: dict, top: int, left: list[int], upto: int) -> str:
+    other = max((m for m in left if pc[m] != top), key=lambda m: (pc[m], lex_key(ix, m)))
+    return (f"decided by: {CRITERIA[4]}: score {top} vs {pc[other]} for {list(ix.devices_of(other))} "
+            f"({len(left)} sets tie on criteria 1-{upto})")
+
+
 def near_costs(ix: TopoIndex) -> list[list[int]]:
     """Nanoseconds to bring :data:`NEAR_BYTES` from position ``d`` to position ``s`` (0 when equal). Cached."""
     got = ix.cache.get("near")
     if got is None:
-        from ..transfer import Endpoint, locality_cost
-
         topo = ix.topology
         eps = [Endpoint("node", d, topo) for d in ix.indices]
         got = [[round(locality_cost(eps[s], [(eps[d], NEAR_BYTES)]) * 1e9) for s in range(ix.n)] for d in range(ix.n)]
@@ -116,32 +208,17 @@ def near_cost(ix: TopoIndex, near: list[int], m: int) -> int:
     return sum(min(cost[d][p] for p in ps) for d in near)
 
 
-def near_classes(ix: TopoIndex, with_nic: bool, near: list[int]) -> list[int]:
-    """Twin classes with each ``near`` position in a class of its own (the search must tell them apart)."""
-    from .search import twin_classes
-
-    cls = list(twin_classes(ix, with_nic))
-    top = max(cls, default=-1)
-    for i, p in enumerate(near):
-        cls[p] = top + 1 + i
-    return cls
-
-
 def takes_straggler(state, chosen: int) -> int:
     """1 when the single device ``chosen`` (a position mask) has no free partner forming a best pair, else 0.
 
     A best pair: an s-group of size 2 (:meth:`~._table.Table.groups`: the node's best
     weakest link for a pair, on one NUMA node). Nodes above the table size: 0.
     """
-    from ._index import index_of
-    from ._table import table_of
-    from .node import _plain_mask
-
     ix = index_of(state.topology)
     tb = table_of(ix)
     if tb is None:
         return 0
-    usable = _plain_mask(ix)
+    usable = pool_mask(ix)
     others = usable & ~state.key[1] & ~chosen
     if not others:
         return 1
@@ -155,124 +232,3 @@ def takes_straggler(state, chosen: int) -> int:
                 others ^= low
             return 1
     return 0  # every pair of the node is a best pair
-
-
-#: Above this many tied sets, criterion 4 runs on one set per symmetry class (see :func:`tie_classes`).
-SCAN_CAP = 64
-#: At most this many symmetry classes of tied sets are enumerated.
-CLASS_CAP = 4096
-
-
-def tie_classes(ix: TopoIndex, tb: Table, free: int, k: int, req: int, nvlink: bool, nic: bool, same_numa: bool,
-                top: int) -> list[tuple[int, tuple]] | None:
-    """One representative per symmetry class of the sets tied on criteria 1-3, or None when there are too many.
-
-    Devices with identical level and bandwidth rows (twins, PCIe paths aside) on the
-    same NUMA node are interchangeable for criteria 1-4, so a tied set is known up to
-    symmetry by how many devices it takes from each twin class (its *signature*).
-    This enumerates the signatures that sum to ``k`` and keeps those whose canonical
-    set (the lowest free positions of each class) is tied with ``top`` (the coarse key:
-    criteria 1-3) and meets the constraints; required devices are classes of their own.
-    Returns ``[(representative mask, ((class mask, count), ...))]``.
-    """
-    from .search import twin_classes
-
-    cls = list(twin_classes(ix, nic, pcie=False))
-    top_id = max(cls, default=-1)
-    for i, p in enumerate(q for q in range(ix.n) if req >> q & 1):
-        cls[p] = top_id + 1 + i
-    members: dict[int, list[int]] = {}
-    for p in range(ix.n):
-        if free >> p & 1:
-            members.setdefault(cls[p], []).append(p)
-    groups = list(members.values())
-    bound = 1
-    for g in groups:
-        bound *= len(g) + 1
-        if bound > CLASS_CAP:
-            return None
-    prefixes = []
-    for g in groups:
-        pre = [0]
-        for p in g:
-            pre.append(pre[-1] | (1 << p))
-        prefixes.append((pre[-1], pre))
-    out: list[tuple[int, tuple]] = []
-    key = tb.key
-    nic_mask = tb.nic_mask
-    best_nic = -1
-
-    def rec(j: int, left: int, m: int, counts: tuple) -> bool:
-        nonlocal best_nic, out
-        if left == 0:
-            if key[m] >> _NUMA_SHIFT != top or not _ok(tb, m, nvlink, nic, same_numa, req):
-                return True
-            if nic:
-                c = (m & nic_mask).bit_count()
-                if c < best_nic:
-                    return True
-                if c > best_nic:
-                    best_nic, out = c, []
-            out.append((m, counts))
-            return len(out) <= CLASS_CAP
-        if j == len(groups):
-            return True
-        cm, pre = prefixes[j]
-        for c in range(min(left, len(pre) - 1), -1, -1):
-            if not rec(j + 1, left - c, m | pre[c], counts + ((cm, c),) if c else counts):
-                return False
-        return True
-
-    if not rec(0, k, 0, ()):
-        return None
-    return out
-
-
-def best_member(tb: Table, free: int, k: int, req: int, nvlink: bool, nic: bool, same_numa: bool,
-                start: int | None, signature: tuple) -> int:
-    """The member of a symmetry class with the best PCIe paths (then the lowest positions).
-
-    ``signature``: ``((class mask, count), ...)`` as from :func:`tie_classes`; classes not
-    named are taken 0 times. ``start``: the first tied set's index in the sorted
-    k-subsets (the tie group is scanned from there, in key order); None (few sets,
-    found by enumeration): the members are enumerated.
-    """
-    from itertools import combinations, product
-
-    named = 0
-    for cm, _ in signature:
-        named |= cm
-    if start is not None:
-        masks, ends = tb.sorted_sets(k)
-        outside = tb.full & ~free
-        for m in masks[start:ends[start]]:
-            if m & outside or m & ~named:
-                continue
-            if all((m & cm).bit_count() == c for cm, c in signature) and _ok(tb, m, nvlink, nic, same_numa, req):
-                return m
-    choices = [[sum(c) for c in combinations([1 << p for p in range(tb.n) if (free & cm) >> p & 1], cnt)]
-               for cm, cnt in signature]
-    best = None
-    for parts in product(*choices):
-        m = sum(parts)
-        if _ok(tb, m, nvlink, nic, same_numa, req):
-            key = (tb.key[m] & ((1 << _NUMA_SHIFT) - 1), _lex(m))
-            if best is None or key > best[0]:
-                best = (key, m)
-    if best is None:  # pragma: no cover - tie_classes only returns classes with a valid member
-        raise AssertionError("a signature from tie_classes has no member")
-    return best[1]
-
-
-def _lex(m: int) -> int:
-    return (_REV8[m & 255] << 8) | _REV8[(m >> 8) & 255]
-
-
-_REV8 = bytes(int(f"{i:08b}"[::-1], 2) for i in range(256))
-
-
-def lex_key(ix: TopoIndex, m: int):
-    """A key whose maximum is the set with the lowest positions (lexicographically), cheap on <= 16 devices."""
-    if ix.n <= 16:
-        return (_REV8[m & 255] << 8) | _REV8[(m >> 8) & 255]
-    return tuple(-p for p in range(ix.n) if m >> p & 1)

@@ -29,8 +29,10 @@ import random
 from typing import Callable
 
 from ..topology import NodeTopology
+from ._filter import eligible
 from ._index import TopoIndex, index_of
-from .node import eligible, score_of
+from ._score import score_of
+from .node import allocate
 from .request import Request
 from .result import Allocation, Rejection
 from .state import NodeState, as_state
@@ -59,8 +61,6 @@ def _make(st: NodeState, ix: TopoIndex, ps: list[int], request: Request) -> Allo
 
 
 def _other(state, request):
-    from .node import allocate
-
     return allocate(as_state(state), request)
 
 

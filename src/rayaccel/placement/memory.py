@@ -11,6 +11,7 @@ not free for exclusive use (see :meth:`NodeState.taken`).
 from __future__ import annotations
 
 from ..units import format_bytes
+from .pools import in_gpu_pool
 from .request import Request
 from .result import Allocation, Rejection, Score
 from .state import NodeState
@@ -28,7 +29,7 @@ def place_shared(state: NodeState, request: Request) -> Allocation | Rejection:
             reasons.append(f"device {i} has failed")
         elif i in state.busy:
             reasons.append(f"device {i} is held whole")
-        elif d.mig_mode or i in busy_parts:
+        elif not in_gpu_pool(d) or i in busy_parts:  # MIG mode or MIG instances: used through them (.pools)
             reasons.append(f"device {i} is in MIG mode")
         elif request.vendor and d.vendor.lower() != request.vendor.lower():
             reasons.append(f"device {i} is not vendor {request.vendor}")

@@ -1,31 +1,54 @@
-"""The units behind a node's Ray resources, defined once (the Ray layer, the arbiter and the placer use these).
+"""The pools a node offers: which devices stand behind Ray's ``GPU`` and each ``mig_<profile>`` resource.
 
-* ``GPU`` (Ray's own ledger): every device not in MIG mode, without MIG instances and not failed.
-* ``mig_<profile>``: one unit per MIG instance of that profile, ordered by parent device, then GI id.
+The one definition of both, used by placement (a whole-device request is placed
+only inside :func:`gpu_pool`), by the node's start-up (the ``GPU`` count and the
+MIG resources it advertises) and by the node's arbiter (the slot -> device
+bijection). A device is in the GPU pool when it can be handed out whole:
+
+* it holds no MIG instance (``Device.partitions`` empty): a device with instances is
+  used through them, whatever ``mig_mode`` says (a capture or a hand-written
+  topology may list instances and leave the mode unknown);
+* it is not in MIG mode (``mig_mode is True`` means whole-device work cannot run on it);
+* it has not failed (``health == "failed"``).
+
+A MIG instance is in its profile's pool when its parent has not failed. Pure
+functions of the topology: no state, no I/O.
 """
 
 from __future__ import annotations
 
-from ..topology import NodeTopology
+from ..topology import Device, NodeTopology
+
+#: Prefix of the Ray resource of a MIG profile's instances (:func:`mig_resource`).
+MIG_RESOURCE_PREFIX = "mig_"
 
 
 def mig_resource(profile: str) -> str:
     """The Ray resource of MIG instances of ``profile``: ``mig_<profile>`` (e.g. ``mig_1g.5gb``)."""
-    return f"mig_{profile}"
+    return f"{MIG_RESOURCE_PREFIX}{profile}"
+
+
+def in_gpu_pool(device: Device) -> bool:
+    """True when ``device`` can be handed out whole (see the module docstring)."""
+    return not device.partitions and device.mig_mode is not True and device.health != "failed"
 
 
 def gpu_pool(topology: NodeTopology) -> tuple[int, ...]:
-    """Devices behind Ray's ``GPU`` resource: every device not in MIG mode, without partitions, not failed."""
-    return tuple(d.index for d in sorted(topology.devices, key=lambda d: d.index)
-                 if not d.partitions and d.mig_mode is not True and d.health != "failed")
+    """The devices behind Ray's ``GPU`` resource, by ascending index (see the module docstring)."""
+    return tuple(d.index for d in sorted(topology.devices, key=lambda d: d.index) if in_gpu_pool(d))
 
 
 def mig_pools(topology: NodeTopology) -> dict[str, tuple[str, ...]]:
-    """MIG resource -> its instances (``Partition.key``), ordered by parent device then GI id."""
+    """MIG resource (:func:`mig_resource`) -> its instances' :attr:`~rayaccel.topology.Partition.key`.
+
+    Ordered by parent device index, then GPU-instance id (instances without one last,
+    by key); resources in the order their first instance appears. Instances of failed
+    devices are left out.
+    """
     pools: dict[str, list[str]] = {}
     for d in sorted(topology.devices, key=lambda d: d.index):
         if d.health == "failed":
             continue
         for p in sorted(d.partitions, key=lambda p: (p.gi_id if p.gi_id is not None else 1 << 30, p.key)):
             pools.setdefault(mig_resource(p.profile), []).append(p.key)
-    return {r: tuple(u) for r, u in pools.items()}
+    return {r: tuple(keys) for r, keys in pools.items()}

@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import RequestError
-from ..units import parse_bytes
+from ..units import format_bytes, parse_bytes
 
-#: Allowed values of :attr:`Request.interconnect`.
-INTERCONNECTS = ("any", "nvlink")
+#: Allowed values of :attr:`Request.interconnect`: ``"direct"`` is the general name of "every pair
+#: directly linked" (NVLink, xGMI, NeuronLink); ``"nvlink"`` is accepted as a synonym.
+INTERCONNECTS = ("any", "direct", "nvlink")
+#: The values of :attr:`Request.interconnect` that ask for direct links (:attr:`Request.direct`).
+DIRECT = ("direct", "nvlink")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +43,9 @@ class Request:
         gpus: number of whole devices (0 only with ``mig`` or shared ``gpu_memory``).
         mig: MIG profile name, e.g. ``"3g.40gb"``, or None.
         gpu_memory: bytes (int, or a string such as ``"20GiB"`` which is parsed), or None.
-        interconnect: ``"any"`` or ``"nvlink"`` (every chosen pair directly linked:
-            NVLink, xGMI or NeuronLink).
+        interconnect: ``"any"``, or ``"direct"``: every chosen pair directly linked, GPU to
+            GPU (NVLink, AMD xGMI or AWS NeuronLink alike). ``"nvlink"`` is a synonym of
+            ``"direct"`` (the older name; it too accepts xGMI and NeuronLink). Kept as given.
         same_numa: all chosen devices on one NUMA node.
         vendor: only devices of this vendor (``"nvidia"``, ``"amd"``...), or None.
         model: only devices whose model contains this text (case-insensitive), or None.
@@ -129,6 +133,11 @@ class Request:
                                f"at most gpus={self.gpus} indices (or raise gpus)")
 
     @property
+    def direct(self) -> bool:
+        """True when every chosen pair must be directly linked (``interconnect`` ``"direct"`` or ``"nvlink"``)."""
+        return self.interconnect in DIRECT
+
+    @property
     def kind(self) -> str:
         """``"devices"`` (whole devices), ``"mig"`` (one MIG instance) or ``"shared"`` (memory on one device)."""
         if self.mig is not None:
@@ -138,9 +147,7 @@ class Request:
         return "devices"
 
     def describe(self) -> str:
-        """A short human form, e.g. ``"4 GPUs, nvlink, same NUMA"``."""
-        from ..units import format_bytes
-
+        """A short human form, e.g. ``"4 GPUs, direct, same NUMA"`` (``interconnect`` as given)."""
         if self.kind == "mig":
             parts = [f"1 MIG instance {self.mig}"]
         elif self.kind == "shared":

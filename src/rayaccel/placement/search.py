@@ -32,10 +32,9 @@ Results are memoised per (topology content, free mask, k, flags).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from ..topology import PCIE_CLASSES
-from ._index import TopoIndex
+from ._index import TopoIndex, twin_classes
+from ._search_result import SearchResult
 from ._table import best as table_best
 from ._table import table_of
 
@@ -46,63 +45,8 @@ BUDGET = 200_000
 _DIRECT_CLASS = len(PCIE_CLASSES) + 1
 
 
-@dataclass
-class SearchResult:
-    """Best sets found. ``key`` = (min level, total milli-GB/s, -NUMA nodes, near NICs, PCIe-path score); higher is better.
-
-    ``sets`` tie on everything but the PCIe-path score (criterion 4 comes before it), best PCIe paths first.
-    """
-
-    key: tuple
-    sets: list[int]  # tied masks (at most the tie cap)
-    runners: list[tuple[tuple, int]] = field(default_factory=list)  # (key, mask), best first
-    optimal: bool = True
-    bound_mgbps: int | None = None
-    expansions: int = 0
-    hit: int | None = None  # table search: index of the first tied set in the sorted k-subsets
-
-
 class _Out(Exception):
     pass
-
-
-def twin_classes(ix: TopoIndex, with_nic: bool, pcie: bool = True) -> list[int]:
-    """Class id per position: devices with identical rows (see module docstring) share an id. Cached.
-
-    ``pcie=False``: rows need only equal levels and bandwidths (the PCIe paths may differ),
-    for what does not look at the PCIe paths (criteria 1-4).
-    """
-    ck = ("twins", with_nic, pcie)
-    got = ix.cache.get(ck)
-    if got is not None:
-        return got
-    n = ix.n
-    lv, bw, pc = ix.level, ix.bw, ix.pcie
-    cls = [-1] * n
-    members: list[list[int]] = []
-    for v in range(n):
-        for c, mem in enumerate(members):
-            r = mem[0]
-            if ix.numa[r] != ix.numa[v] or (with_nic and ix.nic_near[r] != ix.nic_near[v]):
-                continue
-            ok = True
-            for m in mem:
-                for w in range(n):
-                    if w != m and w != v and (lv[m][w] != lv[v][w] or bw[m][w] != bw[v][w]
-                                              or (pcie and pc[m][w] != pc[v][w])):
-                        ok = False
-                        break
-                if not ok:
-                    break
-            if ok:
-                cls[v] = c
-                mem.append(v)
-                break
-        if cls[v] < 0:
-            cls[v] = len(members)
-            members.append([v])
-    ix.cache[ck] = cls
-    return cls
 
 
 def best_sets(ix: TopoIndex, free_mask: int, k: int, *, nvlink: bool = False, nic: bool = False,
