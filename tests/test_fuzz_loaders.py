@@ -25,7 +25,7 @@ from rayaccel.topology import NodeTopology
 from rayaccel.units import MAX_BYTES, parse_bytes
 
 CAPTURES = sorted((Path(__file__).parent / "data" / "captures").glob("*.txt"))
-BASES = [catalog.load(n).to_dict() for n in ("a100-mig", "dgx1-v100", "mi300x-8x", "trn1-32xlarge")]
+BASES = [catalog.load(n).to_dict() for n in ("a100-mig", "dgx1-v100", "mi300x-8x", "trn1-32xlarge", "gb200-nvl72-tray")]
 
 # ---------------------------------------------------------------- strategies
 huge_ints = st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([10**400, -(10**400), 2**63, 2**63 - 1, -1, 0]))
@@ -164,6 +164,32 @@ def test_topology_from_json(text):
             assert len(str(e)) < 600
         else:
             _rendered(topo)
+
+
+FABRIC_KEYS = ("state", "cluster_uuid", "clique_id", "status", "health_mask")
+fabric_values = st.one_of(json_values, st.sampled_from(["completed", "in_progress", "not_started", "not_supported",
+                                                         "9c6f5af3-53bf-49b5-a436-b66766c413c3", 0, 2**32, -1]))
+
+
+@fuzz_settings(200)
+@given(st.one_of(json_values, st.dictionaries(st.sampled_from(FABRIC_KEYS), fabric_values, max_size=5)),
+       st.integers(0, 3), st.one_of(st.none(), json_values))
+def test_topology_fabric_and_nic_port(fabric, device, port):
+    """Hostile NVLink fabric objects and NIC ports: a topology or one TopologyError naming the field."""
+    d = catalog.load("gb200-nvl72-tray").to_dict()
+    d["devices"][device]["fabric"] = fabric
+    d["nics"][device]["port"] = port
+    with bounded():
+        try:
+            topo = NodeTopology.from_dict(d)
+        except TopologyError as e:
+            assert str(e).startswith((f"devices[{device}].fabric", f"nics[{device}].port")), str(e)
+            assert len(str(e)) < 600
+        else:
+            from rayaccel.topology import nvlink_domain_reason
+
+            nvlink_domain_reason(topo)
+            assert NodeTopology.from_json(topo.to_json()) == topo
 
 
 @pytest.fixture(scope="module")

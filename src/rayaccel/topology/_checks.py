@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import TopologyError
 from .model import (
-    DIRECT_KINDS, HEALTH_STATES, LINK_KINDS, MAX_DEVICES, MAX_INDEX, MAX_ITEMS, MAX_LANE_GBPS, MAX_LANES,
-    MAX_MEMORY_BYTES, MAX_MIG_SLOTS, MAX_TEXT, PCIE_CLASSES, Device,
+    DIRECT_KINDS, FABRIC_STATES, HEALTH_STATES, LINK_KINDS, MAX_DEVICES, MAX_INDEX, MAX_ITEMS, MAX_LANE_GBPS,
+    MAX_LANES, MAX_MEMORY_BYTES, MAX_MIG_SLOTS, MAX_NVML_RETURN, MAX_PORT, MAX_TEXT, MAX_UINT32, PCIE_CLASSES,
+    Device, Fabric,
 )
+
+#: A fabric cluster UUID as NVML's 16 bytes print: canonical, lower case.
+UUID_FORM = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 def _is_int(v: Any) -> bool:
@@ -59,6 +64,8 @@ def _check_device(d: Device, where: str) -> None:
         _check_len(d.cpus, MAX_INDEX, f"{where}.cpus")
         for k, c in enumerate(d.cpus):
             _check_int(c, f"{where}.cpus[{k}]", 0, MAX_INDEX - 1)
+    if d.fabric is not None:
+        _check_fabric(d.fabric, f"{where}.fabric")
     _check_len(d.partitions, MAX_ITEMS, f"{where}.partitions")
     _check_len(d.mig_profiles, MAX_ITEMS, f"{where}.mig_profiles")
     for j, p in enumerate(d.partitions):
@@ -83,6 +90,23 @@ def _check_device(d: Device, where: str) -> None:
         _check_len(m.placements, MAX_MIG_SLOTS, f"{mw}.placements")
         for k, start in enumerate(m.placements):
             _check_int(start, f"{mw}.placements[{k}]", 0, MAX_MIG_SLOTS - 1)
+
+
+def _check_fabric(f: Any, where: str) -> None:
+    if not isinstance(f, Fabric):
+        raise TopologyError(f"expected a Fabric or null, got {type(f).__name__}", where)
+    if f.state not in FABRIC_STATES:
+        raise TopologyError(f"unknown fabric state {_short(f.state)}, expected one of {', '.join(FABRIC_STATES)}",
+                            f"{where}.state")
+    if f.cluster_uuid is not None and (not isinstance(f.cluster_uuid, str) or not UUID_FORM.match(f.cluster_uuid)):
+        raise TopologyError(f"expected a UUID such as 9c6f5af3-53bf-49b5-a436-b66766c413c3 (lower-case hex) "
+                            f"or null, got {_short(f.cluster_uuid)}", f"{where}.cluster_uuid")
+    _check_int(f.clique_id, f"{where}.clique_id", 0, MAX_UINT32, nullable=True)
+    _check_int(f.status, f"{where}.status", 0, MAX_NVML_RETURN, nullable=True)
+    _check_int(f.health_mask, f"{where}.health_mask", 0, MAX_UINT32, nullable=True)
+    if f.state != "completed" and (f.cluster_uuid is not None or f.clique_id is not None):
+        raise TopologyError(f"a fabric in state {f.state} has no cluster or clique yet (NVML reports them only "
+                            "once registration completed); leave cluster_uuid and clique_id null", where)
 
 
 def check_topology(topo: Any) -> None:
@@ -137,6 +161,7 @@ def check_topology(topo: Any) -> None:
     for i, n in enumerate(topo.nics):
         _check_text(n.name, f"nics[{i}].name", nullable=False)
         _check_int(n.numa_node, f"nics[{i}].numa_node", 0, MAX_INDEX - 1, nullable=True)
+        _check_int(n.port, f"nics[{i}].port", 1, MAX_PORT, nullable=True)
         _check_len(n.paths, MAX_DEVICES, f"nics[{i}].paths")
         for j, (dev, cls) in enumerate(n.paths):
             _check_int(dev, f"nics[{i}].paths[{j}]", 0, MAX_INDEX - 1)

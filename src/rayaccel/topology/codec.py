@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import TopologyError
 from ._checks import _check_device, _short
-from .model import Device, Link, MigProfile, Nic, Partition
+from .model import Device, Fabric, Link, MigProfile, Nic, Partition
 
 SCHEMA = "rayaccel.topology/1"
 
@@ -29,11 +29,7 @@ def to_dict(topo: Any) -> dict[str, Any]:
         "sources": list(topo.sources),
         "devices": [_device_to_dict(d) for d in sorted(topo.devices, key=lambda d: d.index)],
         "links": [_link_to_dict(l) for l in sorted(topo.links, key=lambda l: (l.a, l.b))],
-        "nics": [
-            {"name": n.name, "numa_node": n.numa_node, "rdma": n.rdma,
-             "paths": {str(dev): cls for dev, cls in n.paths}}
-            for n in topo.nics
-        ],
+        "nics": [_nic_to_dict(n) for n in topo.nics],
     }
 
 
@@ -152,7 +148,40 @@ def _device_to_dict(d: Device) -> dict[str, Any]:
              "placements": list(m.placements), "slots": m.slots, "sms": m.sms}
             for m in d.mig_profiles
         ],
+        **({"fabric": _fabric_to_dict(d.fabric)} if d.fabric is not None else {}),  # only where NVML reports one
     }
+
+
+def _fabric_to_dict(f: Fabric) -> dict[str, Any]:
+    out: dict[str, Any] = {"cluster_uuid": f.cluster_uuid, "clique_id": f.clique_id, "state": f.state}
+    if f.status is not None:
+        out["status"] = f.status
+    if f.health_mask is not None:
+        out["health_mask"] = f.health_mask
+    return out
+
+
+def _fabric_from_dict(f: Any, where: str) -> Fabric | None:
+    if f is None:
+        return None
+    if not isinstance(f, Mapping):
+        raise TopologyError(f"expected an object or null, got {json.dumps(f)[:40]}", where)
+    uuid = _get(f, "cluster_uuid", str, where, default=None, nullable=True)
+    return Fabric(
+        state=_get(f, "state", str, where),
+        cluster_uuid=uuid.lower() if uuid is not None else None,
+        clique_id=_get(f, "clique_id", int, where, default=None, nullable=True),
+        status=_get(f, "status", int, where, default=None, nullable=True),
+        health_mask=_get(f, "health_mask", int, where, default=None, nullable=True),
+    )
+
+
+def _nic_to_dict(n: Nic) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": n.name, "numa_node": n.numa_node, "rdma": n.rdma,
+                           "paths": {str(dev): cls for dev, cls in n.paths}}
+    if n.port is not None:  # only where a capture named it
+        out["port"] = n.port
+    return out
 
 
 def _int_list(val: Any, where: str) -> tuple[int, ...]:
@@ -185,6 +214,7 @@ def _device_from_dict(d: Any, where: str) -> Device:
             _profile_from_dict(p, f"{where}.mig_profiles[{j}]")
             for j, p in enumerate(_get(d, "mig_profiles", list, where, default=[]))
         ),
+        fabric=_fabric_from_dict(d.get("fabric"), f"{where}.fabric"),
     )
     _check_device(dev, where)
     return dev
@@ -263,4 +293,5 @@ def _nic_from_dict(n: Any, where: str) -> Nic:
         numa_node=_get(n, "numa_node", int, where, default=None, nullable=True),
         paths=tuple(sorted(items)),
         rdma=_get(n, "rdma", bool, where, default=Nic.guess_rdma(name)),
+        port=_get(n, "port", int, where, default=None, nullable=True),
     )

@@ -8,6 +8,7 @@ Pure data, stdlib only.
 * :class:`Link`       how two devices are connected (``kind`` + lane ``count`` +
   the PCIe path class between them)
 * :class:`Nic`        a network interface and its PCIe path class to each device
+* :class:`Fabric`     a GPU's NVLink fabric registration (cluster UUID, clique), as NVML reports it
 
 :class:`~rayaccel.topology.node.NodeTopology` (in :mod:`.node`) holds all of them for one
 node; its JSON form is :mod:`.codec`'s.
@@ -28,6 +29,8 @@ LINK_KINDS = DIRECT_KINDS + ("pcie",)
 #: PCIe path classes, best first, as ``nvidia-smi topo -m`` names them.
 PCIE_CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 HEALTH_STATES = ("ok", "degraded", "failed", "unknown")
+#: NVLink fabric registration states, in NVML's order (``NVML_GPU_FABRIC_STATE_*`` 0..3).
+FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
 
 #: Modeled per-direction bandwidth of one lane of a direct link, GB/s.
 #: NVLink gens 2-4 run 25 GB/s per link per direction (V100: 6 links = 300 GB/s
@@ -66,6 +69,12 @@ MAX_MIG_SLOTS = 64
 MAX_TEXT = 4096
 #: Most entries in any per-device list (CPUs: :data:`MAX_INDEX`; partitions, profiles, placements: this).
 MAX_ITEMS = 1024
+#: Fabric clique ids are NVML ``unsigned int`` (32 bits); so are health masks.
+MAX_UINT32 = (1 << 32) - 1
+#: NVML return codes (``nvmlReturn_t``) a fabric's ``status`` may hold.
+MAX_NVML_RETURN = 999
+#: RDMA device port numbers (UCX ``device:port``; InfiniBand ports are 1-based, 8 bits).
+MAX_PORT = 255
 
 _RDMA_NIC_PREFIXES = ("mlx", "efa", "bnxt_re", "irdma", "ionic", "qedr", "hfi", "rdma")
 
@@ -120,6 +129,38 @@ class Partition:
 
 
 @dataclass(frozen=True, slots=True)
+class Fabric:
+    """A GPU's NVLink fabric registration, as NVML reports it (``nvmlDeviceGetGpuFabricInfoV``,
+    struct ``nvmlGpuFabricInfo_v2``/``_v3``; ``nvidia-smi -q`` prints it as "Fabric").
+
+    GPUs whose fabrics name the same cluster UUID and clique id share one NVLink domain, across
+    nodes too (a GB200/GB300 NVL72 rack). An all-zero cluster UUID is what a single-node NVSwitch
+    system (HGX H100) reports: no multi-node domain.
+
+    Attributes:
+        state: one of :data:`FABRIC_STATES` (NVML's ``state``).
+        cluster_uuid: NVML's ``clusterUuid`` in canonical lower-case form
+            (``"9c6f5af3-53bf-49b5-a436-b66766c413c3"``); None unless ``state`` is completed.
+        clique_id: NVML's ``cliqueId`` (the NVLink partition within the cluster); None unless completed.
+        status: NVML's ``status``, the registration's ``nvmlReturn_t`` (0 = success; NVML says it is
+            meaningful only once completed); None when unknown.
+        health_mask: NVML's ``healthMask`` (``NVML_GPU_FABRIC_HEALTH_MASK_*`` bit fields, v2+ structs);
+            None when unknown or when NVML reports no health (a mask of 0).
+    """
+
+    state: str
+    cluster_uuid: str | None = None
+    clique_id: int | None = None
+    status: int | None = None
+    health_mask: int | None = None
+
+    @property
+    def completed(self) -> bool:
+        """True when registration completed without error (``state`` completed, ``status`` 0 or unknown)."""
+        return self.state == "completed" and not self.status
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     """One accelerator.
 
@@ -133,6 +174,8 @@ class Device:
         health: one of :data:`HEALTH_STATES`.
         mig_mode: True/False when known, else None.
         partitions: MIG instances present. mig_profiles: the MIG profile table.
+        fabric: the NVLink fabric registration (:class:`Fabric`), or None where NVML reports none
+            (before Hopper, no NVSwitch, or not discovered).
     """
 
     index: int
@@ -148,6 +191,7 @@ class Device:
     mig_mode: bool | None = None
     partitions: tuple[Partition, ...] = ()
     mig_profiles: tuple[MigProfile, ...] = ()
+    fabric: Fabric | None = None
 
     def profile(self, name: str) -> MigProfile | None:
         """The MIG profile called ``name`` (``+me`` variants included), or None."""
@@ -231,12 +275,21 @@ class Nic:
         name: e.g. ``"mlx5_0"``. numa_node: or None.
         paths: ``(device index, PCIe path class)`` for each device it was measured against.
         rdma: True when it can do RDMA / GPUDirect (Mellanox, EFA, ...).
+        port: the RDMA device port traffic leaves through (UCX's ``device:port``), or None when
+            no capture says; ``nvidia-smi topo -m`` names devices, not ports.
     """
 
     name: str
     numa_node: int | None = None
     paths: tuple[tuple[int, str], ...] = ()
     rdma: bool = False
+    port: int | None = None
+
+    @property
+    def ucx_device(self) -> str:
+        """UCX's ``device:port`` name (``"mlx5_0:1"``); port 1 when unknown, the first port of an
+        RDMA device (each ConnectX port of a DGX/HGX is a device of its own, ``mlx5_<n>``)."""
+        return f"{self.name}:{self.port if self.port is not None else 1}"
 
     def path_to(self, device: int) -> str | None:
         """PCIe path class from this NIC to ``device``, or None when unknown."""
