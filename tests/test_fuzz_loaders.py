@@ -192,6 +192,64 @@ def test_topology_fabric_and_nic_port(fabric, device, port):
             assert NodeTopology.from_json(topo.to_json()) == topo
 
 
+NETWORK = sorted((Path(__file__).parent / "data" / "network").glob("*.[cj]*"))
+
+
+@st.composite
+def mutated_network_files(draw):
+    """A Slurm topology.conf or AWS instance-topology file, damaged as captures are (lines dropped,
+    doubled, swapped, characters replaced, cut short, numbers blown up)."""
+    text = draw(st.sampled_from(NETWORK)).read_text()
+    lines = text.splitlines()
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    for _ in range(draw(st.integers(0, 5))):
+        if not lines:
+            break
+        i = rng.randrange(len(lines))
+        op = rng.choice(["drop", "dup", "swap", "chars", "cut", "range"])
+        if op == "drop":
+            del lines[i]
+        elif op == "dup":
+            lines.insert(i, lines[i])
+        elif op == "swap":
+            j = rng.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif op == "chars":
+            s = list(lines[i]) or [" "]
+            for _ in range(rng.randint(1, 4)):
+                s[rng.randrange(len(s))] = rng.choice("[]=,#-:\"{} 9x\u00e9")
+            lines[i] = "".join(s)
+        elif op == "cut":
+            lines = lines[:i]
+        else:
+            lines[i] = lines[i].replace("[", "[" + str(rng.choice([0, 1, 10**6, 10**30])) + "-", 1)
+    return "\n".join(lines) + "\n"
+
+
+@fuzz_settings(200)
+@given(mutated_network_files(), st.sampled_from(["nvl-r0-t03", "login1", "x"]),
+       st.sampled_from([None, "i-1111111111example", "i-2222222222example"]))
+def test_network_topology_files(scratch, text, host, instance):
+    """A damaged topology.conf / instance-topology file: labels (valid Ray labels) or one CaptureError
+    naming the file, never another exception or half a result."""
+    from ray._private.label_utils import validate_label_key, validate_label_value
+
+    from rayaccel.discovery.network import node_levels
+
+    path = scratch / "net.conf"
+    path.write_text(text)
+    with bounded():
+        try:
+            labels = node_levels(path, host, instance)
+        except RayaccelError as e:
+            assert str(e).startswith(str(path)) and "\n" not in str(e) and len(str(e)) < 600
+        else:
+            assert labels
+            for k, v in labels.items():
+                assert validate_label_key(k) is None
+                validate_label_value(v)
+
+
 @pytest.fixture(scope="module")
 def scratch():
     with tempfile.TemporaryDirectory() as d:
