@@ -25,6 +25,9 @@ p2p            ``nvmlDeviceGetP2PStatus`` for each pair the topology links: NVLI
                (AMD: ``amdsmi_is_P2P_accessible`` on xGMI pairs)
 gpudirect      with RDMA NICs in the topology: ``nvidia_peermem`` or ``nv_peer_mem`` in
                ``/proc/modules`` (warn when absent)
+imex           on a node of a multi-node NVLink domain (:func:`~rayaccel.topology.nvlink_domain`):
+               IMEX channels in ``/dev/nvidia-caps-imex-channels`` (warn when none) and the
+               ``nvidia-imex`` daemon in ``/proc``; n/a elsewhere
 =============  ==============================================================================
 
 On a simulated node every check is ``n/a`` ("simulated node: no ..."), never ``ok``. A
@@ -42,7 +45,8 @@ from ..topology import NodeTopology
 #: Check outcomes, best first.
 STATUSES = ("ok", "n/a", "warn", "fail")
 #: The checks of an NVIDIA node, in report order.
-NVIDIA_CHECKS = ("driver", "cuda", "nvml", "torch", "nccl", "mig", "persistence", "fabric", "p2p", "gpudirect")
+NVIDIA_CHECKS = ("driver", "cuda", "nvml", "torch", "nccl", "mig", "persistence", "fabric", "p2p", "gpudirect",
+                 "imex")
 #: The checks of an AMD node, in report order.
 AMD_CHECKS = ("driver", "amdsmi", "torch", "nccl", "p2p", "gpudirect")
 #: What a simulated node lacks, per check (the ``detail`` reads "simulated node: no <this>").
@@ -51,6 +55,7 @@ SIMULATED_LACKS = {
     "amdsmi": "amdsmi (FakeAmdSmi answers instead)", "torch": "GPU for torch to use", "nccl": "GPU for NCCL",
     "mig": "MIG hardware", "persistence": "driver persistence mode", "fabric": "NVSwitch fabric",
     "p2p": "peer-to-peer hardware", "gpudirect": "GPUDirect RDMA kernel module to check",
+    "imex": "IMEX daemon or channels to check",
 }
 
 
@@ -130,7 +135,8 @@ def simulated_checks(topology: NodeTopology) -> list[Check]:
 
 
 def local_checks(topology: NodeTopology, *, simulated: bool, nvml: Any = None, amdsmi: Any = None,
-                 torch_module: Any = None, proc_modules: str | Path = "/proc/modules") -> list[Check]:
+                 torch_module: Any = None, proc_modules: str | Path = "/proc/modules", proc_dir: str | Path = "/proc",
+                 dev_dir: str | Path = "/dev") -> list[Check]:
     """Check this node's accelerator stack against ``topology`` (see the module docstring).
 
     Args:
@@ -141,11 +147,13 @@ def local_checks(topology: NodeTopology, *, simulated: bool, nvml: Any = None, a
         amdsmi: an ``amdsmi``-like module; None imports ``amdsmi``.
         torch_module: the ``torch`` module to inspect; None imports it (absent: ``n/a``).
         proc_modules: where loaded kernel modules are listed (for ``gpudirect``).
+        proc_dir / dev_dir: where processes and device files are looked up (for ``imex``).
 
     Never raises for a missing or broken library: that is a check's ``warn``/``fail``/``n/a``.
     """
     if simulated:
         return simulated_checks(topology)
+    from ._fabric import imex_check  # these import Check from this module: loaded once it is defined
     from ._host import gpudirect_check, nccl_check, torch_check
 
     vendors = {d.vendor for d in topology.devices}
@@ -166,6 +174,8 @@ def local_checks(topology: NodeTopology, *, simulated: bool, nvml: Any = None, a
     vendor = "nvidia" if nv else "amd"
     host = {"torch": torch_check(torch_module, vendor, driver_cuda), "nccl": nccl_check(torch_module, vendor),
             "gpudirect": gpudirect_check(topology, vendor, proc_modules)}
+    if nv:
+        host["imex"] = imex_check(topology, proc_dir, dev_dir)
     order = NVIDIA_CHECKS if nv else AMD_CHECKS
     by_name = {c.name: c for c in (nv or amd)}
     result = [host[n] if n in host else by_name[n] for n in order if n in host or n in by_name]
