@@ -266,3 +266,16 @@ def test_catalog_tray_facts():
     assert {(l.label, l.bandwidth_gbps) for l in t.links} == {("NV18", 900.0)}
     assert [n.name for n in t.nics] == [f"mlx5_{k}" for k in range(8)]
     assert json.loads(t.to_json())["devices"][0]["memory_bytes"] == 189471 << 20
+
+
+def test_rack_trays_go_to_a_simulated_cluster_as_they_are():
+    """SimulatedCluster takes topology objects (resolve_topology hands them through) and each node's
+    published record keeps the tray's fabric, so every node of the cluster knows its domain."""
+    from rayaccel.ray.names import NodeRecord
+    from rayaccel.ray.node import resolve_topology
+
+    trays = catalog.rack("gb200-nvl72-tray", trays=2, rack=0) + catalog.rack("gb200-nvl72-tray", trays=2, rack=1)
+    assert [resolve_topology(t) for t in trays] == list(trays)
+    again = [NodeRecord.from_json(NodeRecord("0123456789ab", t, True).to_json()).topology for t in trays]
+    assert again == list(trays)
+    assert [nvlink_domain(t).clique_id for t in again] == [1, 1, 2, 2]
