@@ -154,11 +154,6 @@ class Fabric:
     status: int | None = None
     health_mask: int | None = None
 
-    @property
-    def completed(self) -> bool:
-        """True when registration completed without error (``state`` completed, ``status`` 0 or unknown)."""
-        return self.state == "completed" and not self.status
-
 
 @dataclass(frozen=True, slots=True)
 class Device:
