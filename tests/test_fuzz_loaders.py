@@ -19,7 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from _fuzz_bounds import bounded, fuzz_settings
+from ray._private.label_utils import validate_label_key, validate_label_value  # Ray's own label syntax check
 from rayaccel import catalog
+from rayaccel.discovery.network import node_levels
 from rayaccel.errors import RayaccelError, RequestError, TopologyError
 from rayaccel.topology import NodeTopology
 from rayaccel.units import MAX_BYTES, parse_bytes
@@ -232,10 +234,6 @@ def mutated_network_files(draw):
 def test_network_topology_files(scratch, text, host, instance):
     """A damaged topology.conf / instance-topology file: labels (valid Ray labels) or one CaptureError
     naming the file, never another exception or half a result."""
-    from ray._private.label_utils import validate_label_key, validate_label_value
-
-    from rayaccel.discovery.network import node_levels
-
     path = scratch / "net.conf"
     path.write_text(text)
     with bounded():
