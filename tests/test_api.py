@@ -103,7 +103,7 @@ def test_import_rayaccel_imports_nothing_else():
 def test_from_rayaccel_import_a_type_works_in_a_fresh_interpreter():
     code = "from rayaccel import Device, NodeTopology, TopologyError; print(Device.__module__, TopologyError.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["rayaccel.topology", "rayaccel.errors"]
+    assert out == ["rayaccel.topology.model", "rayaccel.errors"]
 
 
 def test_import_is_light():

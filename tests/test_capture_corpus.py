@@ -31,18 +31,24 @@ EXPECTED: dict[str, tuple[int, int, int, bool] | str] = {
     "73": (8, 28, 0, False), "74": (8, 28, 0, False), "76": (4, 6, 2, True), "77": (4, 6, 0, False),
     "78": (2, 1, 2, False), "79": (2, 1, 0, False), "80": "nvidia-smi topo -p2p", "82": (8, 28, 8, False),
     "83": (4, 6, 0, False), "84": (8, 0, 0, True), "85": (1, 0, 0, False), "86": (1, 0, 0, True),
-    "87": (1, 0, 0, False),
+    "87": (1, 0, 0, False), "110": (8, 0, 0, False), "111": (2, 0, 0, False), "112": (1, 0, 0, True),
+    "113": (1, 0, 0, True), "114": (4, 6, 8, False),
 }
 
 
+def _number(path: Path) -> str:
+    """The capture's number: the file name up to its first ``_`` (two or three digits)."""
+    return path.name.split("_", 1)[0]
+
+
 def test_corpus_is_complete():
-    assert len(FILES) == 65
-    assert sorted(f.name[:2] for f in FILES) == sorted(EXPECTED)
+    assert len(FILES) == 70
+    assert sorted(_number(f) for f in FILES) == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.name for f in FILES])
 def test_corpus_file(path: Path):
-    want = EXPECTED[path.name[:2]]
+    want = EXPECTED[_number(path)]
     assert looks_like_capture(path.read_text())
     if isinstance(want, str):
         with pytest.raises(CaptureError) as e:

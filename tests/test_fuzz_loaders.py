@@ -19,13 +19,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from _fuzz_bounds import bounded, fuzz_settings
+from ray._private.label_utils import validate_label_key, validate_label_value  # Ray's own label syntax check
 from rayaccel import catalog
+from rayaccel.discovery.network import node_levels
 from rayaccel.errors import RayaccelError, RequestError, TopologyError
 from rayaccel.topology import NodeTopology
 from rayaccel.units import MAX_BYTES, parse_bytes
 
 CAPTURES = sorted((Path(__file__).parent / "data" / "captures").glob("*.txt"))
-BASES = [catalog.load(n).to_dict() for n in ("a100-mig", "dgx1-v100", "mi300x-8x", "trn1-32xlarge")]
+BASES = [catalog.load(n).to_dict() for n in ("a100-mig", "dgx1-v100", "mi300x-8x", "trn1-32xlarge", "gb200-nvl72-tray")]
 
 # ---------------------------------------------------------------- strategies
 huge_ints = st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([10**400, -(10**400), 2**63, 2**63 - 1, -1, 0]))
@@ -164,6 +166,86 @@ def test_topology_from_json(text):
             assert len(str(e)) < 600
         else:
             _rendered(topo)
+
+
+FABRIC_KEYS = ("state", "cluster_uuid", "clique_id", "status", "health_mask")
+fabric_values = st.one_of(json_values, st.sampled_from(["completed", "in_progress", "not_started", "not_supported",
+                                                         "9c6f5af3-53bf-49b5-a436-b66766c413c3", 0, 2**32, -1]))
+
+
+@fuzz_settings(200)
+@given(st.one_of(json_values, st.dictionaries(st.sampled_from(FABRIC_KEYS), fabric_values, max_size=5)),
+       st.integers(0, 3), st.one_of(st.none(), json_values))
+def test_topology_fabric_and_nic_port(fabric, device, port):
+    """Hostile NVLink fabric objects and NIC ports: a topology or one TopologyError naming the field."""
+    d = catalog.load("gb200-nvl72-tray").to_dict()
+    d["devices"][device]["fabric"] = fabric
+    d["nics"][device]["port"] = port
+    with bounded():
+        try:
+            topo = NodeTopology.from_dict(d)
+        except TopologyError as e:
+            assert str(e).startswith((f"devices[{device}].fabric", f"nics[{device}].port")), str(e)
+            assert len(str(e)) < 600
+        else:
+            from rayaccel.topology import nvlink_domain_reason
+
+            nvlink_domain_reason(topo)
+            assert NodeTopology.from_json(topo.to_json()) == topo
+
+
+NETWORK = sorted((Path(__file__).parent / "data" / "network").glob("*.[cj]*"))
+
+
+@st.composite
+def mutated_network_files(draw):
+    """A Slurm topology.conf or AWS instance-topology file, damaged as captures are (lines dropped,
+    doubled, swapped, characters replaced, cut short, numbers blown up)."""
+    text = draw(st.sampled_from(NETWORK)).read_text()
+    lines = text.splitlines()
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    for _ in range(draw(st.integers(0, 5))):
+        if not lines:
+            break
+        i = rng.randrange(len(lines))
+        op = rng.choice(["drop", "dup", "swap", "chars", "cut", "range"])
+        if op == "drop":
+            del lines[i]
+        elif op == "dup":
+            lines.insert(i, lines[i])
+        elif op == "swap":
+            j = rng.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif op == "chars":
+            s = list(lines[i]) or [" "]
+            for _ in range(rng.randint(1, 4)):
+                s[rng.randrange(len(s))] = rng.choice("[]=,#-:\"{} 9x\u00e9")
+            lines[i] = "".join(s)
+        elif op == "cut":
+            lines = lines[:i]
+        else:
+            lines[i] = lines[i].replace("[", "[" + str(rng.choice([0, 1, 10**6, 10**30])) + "-", 1)
+    return "\n".join(lines) + "\n"
+
+
+@fuzz_settings(200)
+@given(mutated_network_files(), st.sampled_from(["nvl-r0-t03", "login1", "x"]),
+       st.sampled_from([None, "i-1111111111example", "i-2222222222example"]))
+def test_network_topology_files(scratch, text, host, instance):
+    """A damaged topology.conf / instance-topology file: labels (valid Ray labels) or one CaptureError
+    naming the file, never another exception or half a result."""
+    path = scratch / "net.conf"
+    path.write_text(text)
+    with bounded():
+        try:
+            labels = node_levels(path, host, instance)
+        except RayaccelError as e:
+            assert str(e).startswith(str(path)) and "\n" not in str(e) and len(str(e)) < 600
+        else:
+            assert labels
+            for k, v in labels.items():
+                assert validate_label_key(k) is None
+                validate_label_value(v)
 
 
 @pytest.fixture(scope="module")

@@ -34,15 +34,7 @@ DOC = ROOT / "docs" / "ARCHITECTURE.md"
 #: Circles allowed for now, each the exact set of modules of one strongly connected component,
 #: each untangled by whoever owns those files in this round of issue 17. When one is gone this
 #: test fails on its stale entry until the entry is removed; no other circle may be added here.
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # rayaccel/ray/: ray/agent -> ray/doctor (node_facts) -> ray/agent (handle); the doctor's split
-    # into a node half and a cluster half (issue 14's doctor work) removes it.
-    frozenset({"rayaccel.ray.agent", "rayaccel.ray.doctor"}),
-    # rayaccel/doctor/: Check is defined in doctor/__init__, which imports _nvidia / _amd / _host
-    # (inside local_checks), and they import Check back. Owned by the doctor's rework in this round
-    # (not editable from this branch); the fix is to move Check down into a module of its own.
-    frozenset({"rayaccel.doctor", "rayaccel.doctor._amd", "rayaccel.doctor._host", "rayaccel.doctor._nvidia"}),
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 #: Third-party libraries only some layers may import (the table's word, "the only package
 #: that imports ray"; CONVENTIONS: placement is free of vendor libraries and of ray).

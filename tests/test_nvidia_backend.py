@@ -100,7 +100,8 @@ def _summary(t: NodeTopology) -> dict:
     devices = [
         (order[d.index], d.model, d.uuid, d.memory_bytes, d.numa_node, d.cpus or None, d.compute_capability,
          "ok" if d.health == "unknown" else d.health, d.mig_mode,
-         tuple(sorted((part(p) for p in d.partitions), key=repr)), tuple(sorted(d.mig_profiles, key=lambda m: m.id)))
+         tuple(sorted((part(p) for p in d.partitions), key=repr)), tuple(sorted(d.mig_profiles, key=lambda m: m.id)),
+         d.fabric)
         for d in sorted(t.devices, key=lambda d: d.index)
     ]
     links = sorted((order[l.a], order[l.b], l.kind, l.count if l.kind == "pcie" else (l.count or 1), l.pcie,

@@ -37,6 +37,7 @@ from rayaccel.topology import Device, Link, MigProfile, Nic, NodeTopology, Parti
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catalog_mig import MIG, MIG_SOURCES  # noqa: E402  (the MIG profile tables, data only)
+from catalog_nvl72 import HGX_HOPPER_FABRIC, HGX_HOPPER_FABRIC_SOURCE, NVL72_MACHINES  # noqa: E402  (NVL72 trays)
 
 OUT = ROOT / "src" / "rayaccel" / "catalog"
 MiB = 1 << 20
@@ -198,6 +199,7 @@ def _hgx_hopper(name: str, model: str, memory_mib: int, mig_key: str, extra_sour
     devs = devices(name, n, model=model, memory_mib=memory_mib, cc="9.0", numa=sock,
                    cpu=lambda i: "0-55,112-167" if i < 4 else "56-111,168-223",
                    bus=bus_ids("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"), mig=MIG[mig_key])
+    devs = [replace(d, fabric=HGX_HOPPER_FABRIC) for d in devs]
     pcie = lambda a, b: "NODE" if sock(a) == sock(b) else "SYS"  # noqa: E731
     nics = [nic(f"mlx5_{k}", sock(k), [(g, "PIX" if g == k else pcie(g, k)) for g in range(n)]) for k in range(n)]
     return NodeTopology(devices=tuple(devs), links=tuple(links(n, lambda a, b: ("nvlink", 18, pcie(a, b)))), nics=tuple(nics),
@@ -206,6 +208,7 @@ def _hgx_hopper(name: str, model: str, memory_mib: int, mig_key: str, extra_sour
         "real DGX H100 nvidia-smi topo -m: NV18, CPU affinity 0-55,112-167 | 56-111,168-223 (tests/data/captures/02_dgx-h100-8gpu-12nic-truncated.txt)",
         "NVLink gen4: 18 links, 900 GB/s per GPU (juejin.cn nvidia-smi nvlink article)",
         "HAMi PR #2103: go-gpuallocator finds 0 of the 28 NV18 pairs on an 8xH100 NVSwitch box",
+        HGX_HOPPER_FABRIC_SOURCE,
         *extra_sources, *MIG_SOURCES,
     ))
 
@@ -380,10 +383,15 @@ def nvl72():
         "NVIDIA GB200 NVL72: 72 Blackwell GPUs and 36 Grace CPUs in one NVLink domain; 18 compute trays of 4 GPUs; "
         "9 NVSwitch trays give every GPU its 18 NVLink5 links to every other GPU (NVIDIA GB200 NVL72 page); "
         "NVLink5 = 50 GB/s per link per direction (links carry lane_gbps=50)",
-        "modeling choice: the whole rack as ONE node (72 devices) for placement tests at scale; real racks run one OS per tray",
+        "PLACEMENT-SCALE MODEL, not a machine: the whole rack as ONE node (72 devices) for placement tests at scale; a real "
+        "rack runs one OS per compute tray (gb200-nvl72-tray; a rack is rayaccel.catalog.rack('gb200-nvl72-tray'))",
         "assumption: one Grace (72 cores) per GPU pair = one NUMA node; PCIe class NODE within a Grace, SYS within a tray, null across trays",
     ))
-    return t, "GB200 NVL72 rack modeled as one node (72 GPUs, NVSwitch NV18 all pairs, 36 Grace NUMA nodes)"
+    return t, ("placement-scale model, not a real node: a GB200 NVL72 rack as ONE 72-GPU node (real racks are 18 "
+               "gb200-nvl72-tray nodes)")
+
+
+MACHINES.update(NVL72_MACHINES)
 
 
 # ------------------------------------------------------------------------ main

@@ -27,13 +27,14 @@ from typing import Any
 
 from ..errors import CatalogError, TopologyError
 from ..topology import MigProfile, NodeTopology
+from .racks import TRAYS_PER_RACK, rack_of
 
 #: The embedded default machine (used when nothing else is named).
 DEFAULT = "dgx1-v100"
 
 _MIG_FILE = "_mig_tables.json"
 
-__all__ = ["DEFAULT", "describe", "load", "mig_models", "mig_table", "names", "suggest"]
+__all__ = ["DEFAULT", "describe", "load", "mig_models", "mig_table", "names", "rack", "suggest"]
 
 
 def _files() -> dict[str, Any]:
@@ -154,3 +155,13 @@ def mig_table(model_name: str) -> tuple[MigProfile, ...]:
     if key is None:
         raise CatalogError(f"no MIG profile table for {model_name!r} (known: {', '.join(mig_models())})")
     return _mig_tables()[key]
+
+
+def rack(name: str = "gb200-nvl72-tray", trays: int = TRAYS_PER_RACK, rack: int = 0) -> tuple[NodeTopology, ...]:
+    """The ``trays`` compute trays of NVL72 rack number ``rack``, one topology each (see :mod:`.racks`).
+
+    Raises:
+        CatalogError: unknown name, or a machine that is not an NVL72 compute tray.
+        RequestError: ``trays`` not in 1..18 or ``rack`` not in 0..4095.
+    """
+    return rack_of(load(name), name, trays, rack)

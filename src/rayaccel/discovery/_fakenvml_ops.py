@@ -24,7 +24,7 @@ injection (device = topology device index)     what NVML then answers
 
 Doctor facts: ``driver_version`` / ``cuda_driver_version`` / ``nvml_version`` (constructor
 arguments or attributes), :meth:`set_persistence`, :meth:`set_mig_pending`,
-:meth:`set_fabric` and :meth:`set_p2p`.
+:meth:`set_fabric` (overrides the NVLink fabric the topology's devices carry) and :meth:`set_p2p`.
 
 Thread-safe: injections may come from one thread while another waits in
 ``nvmlEventSetWait_v2`` (one condition variable guards the event queues and the state).
@@ -32,24 +32,29 @@ Thread-safe: injections may come from one thread while another waits in
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._fakenvml_handles import _deref, _Handle, is_nvswitch_topology
 from ._nvml_api import (
-    NVMLError, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
-    NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_TIMEOUT, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,
+    NVMLError, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_TIMEOUT, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,
     NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE, NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE,
-    NVML_GPU_FABRIC_STATE_COMPLETED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_P2P_CAPS_INDEX_NVLINK,
+    NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED, NVML_GPU_FABRIC_STATE_COMPLETED, NVML_GPU_FABRIC_UUID_LEN, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_P2P_CAPS_INDEX_NVLINK,
     NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, NVML_VOLATILE_ECC,
     nvmlClocksEventReasonSwPowerCap, nvmlClocksEventReasonSwThermalSlowdown, nvmlEventTypeClock,
     nvmlEventTypeDoubleBitEccError, nvmlEventTypePState, nvmlEventTypeSingleBitEccError,
-    nvmlEventTypeXidCriticalError,
+    nvmlEventTypeXidCriticalError, nvmlGpuFabricInfo_v2, nvmlGpuFabricInfo_v3,
 )
+from ..topology import FABRIC_STATES
 from .nvidia import _bus_key
+
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 #: Event types every fake device supports (``nvmlDeviceGetSupportedEventTypes``), as on a
 #: data-center GPU of the Volta-Hopper generations.
@@ -94,7 +99,7 @@ class _DeviceOps:
     nvlink_down: set[int] = field(default_factory=set)
     persistence: bool = True
     mig_pending: bool | None = None  # None: same as the current mode
-    fabric: tuple[int, int, bool] | None = None  # (state, status, degraded bandwidth); None: the default
+    fabric: tuple | None = None  # (state, status, degraded bw, cluster UUID, clique); None: the topology's
     lost: bool = False
 
 
@@ -111,6 +116,8 @@ class FakeNVMLOps:
         self._ops = [_DeviceOps() for _ in self._devices]
         self._sets: list[_EventSet] = []
         self._p2p: dict[tuple[int, int, int | None], int] = {}
+        #: struct versions ``nvmlDeviceGetGpuFabricInfoV`` accepts (drop v3 to model a driver that predates it)
+        self.fabric_struct_versions = {nvmlGpuFabricInfo_v2, nvmlGpuFabricInfo_v3}
         self.driver_version = driver_version if driver_version is not None else self.topology.driver
         if cuda_driver_version is None and self.driver_version:
             branch = self.driver_version.split(".")[0]
@@ -211,10 +218,20 @@ class FakeNVMLOps:
         """Set the MIG mode ``device`` will have after its next reset (``nvmlDeviceGetMigMode``'s second value)."""
         self._ops[self._position(device)].mig_pending = bool(enabled)
 
-    def set_fabric(self, device: int, state: int, status: int = 0, degraded_bw: bool = False) -> None:
-        """What ``nvmlDeviceGetGpuFabricInfo[V]`` answers for ``device`` (state: NVML_GPU_FABRIC_STATE_*;
-        status: an NVML return code, 0 = success). Makes the call supported on any device."""
-        self._ops[self._position(device)].fabric = (int(state), int(status), bool(degraded_bw))
+    def set_fabric(self, device: int, state: int, status: int = 0, degraded_bw: bool = False, *,
+                   cluster_uuid: str | None = None, clique_id: int | None = None) -> None:
+        """What ``nvmlDeviceGetGpuFabricInfo[V]`` answers for ``device`` from now on (state:
+        NVML_GPU_FABRIC_STATE_*; status: an NVML return code, 0 = success), in place of the
+        topology's fabric. Makes the call supported on any device. The cluster UUID and clique id
+        default to the topology's (all zeros / 0 where it has none).
+
+        Raises:
+            ValueError: unknown device, or a cluster UUID that is not a UUID.
+        """
+        if cluster_uuid is not None:
+            cluster_uuid = str(uuid.UUID(cluster_uuid))
+        self._ops[self._position(device)].fabric = (int(state), int(status), bool(degraded_bw), cluster_uuid,
+                                                    None if clique_id is None else int(clique_id))
 
     def set_p2p(self, a: int, b: int, status: int, index: int | None = None) -> None:
         """What ``nvmlDeviceGetP2PStatus(a, b, index)`` answers, both ways (index None: every capability)."""
@@ -357,19 +374,42 @@ class FakeNVMLOps:
         return [mode, mode if pending is None else int(pending)]
 
     def _fabric(self, function: str, device: Any, info_ref: Any) -> int:
+        """Fill an ``nvmlGpuFabricInfo*`` struct from the device's :class:`~rayaccel.topology.Fabric`
+        (or :meth:`set_fabric`'s override); NOT_SUPPORTED where the device has none. The versioned call
+        accepts the struct versions in :attr:`fabric_struct_versions` and answers
+        ARGUMENT_VERSION_MISMATCH for others, as a driver that predates that version does."""
         fd = self._enter(function, device)  # type: ignore[attr-defined]
-        fabric = self._ops[device.index].fabric
-        if fabric is None:
-            cc = fd.device.compute_capability
-            hopper_or_later = cc is None or float(cc) >= 9.0
-            if not (is_nvswitch_topology(self.topology) and hopper_or_later):
-                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-            fabric = (NVML_GPU_FABRIC_STATE_COMPLETED, 0, False)
         info = _deref(info_ref)
-        info.state, info.status, info.cliqueId = fabric[0], fabric[1], 1
+        if function.endswith("V") and getattr(info, "version", None) not in self.fabric_struct_versions:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        state, status, uuid_text, clique, mask = self._fabric_answer(fd.device, self._ops[device.index].fabric)
+        info.state, info.status, info.cliqueId = state, status, clique
+        info.clusterUuid = (ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN)(*uuid.UUID(uuid_text).bytes)
         if hasattr(info, "healthMask"):
-            info.healthMask = NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE if fabric[2] else NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE
+            info.healthMask = mask
+        if hasattr(info, "healthSummary"):
+            info.healthSummary = NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
         return 0
+
+    @staticmethod
+    def _fabric_answer(dev: Any, override: tuple | None) -> tuple[int, int, str, int, int]:
+        """(state, status, cluster UUID, clique id, health mask) NVML reports for ``dev``.
+
+        Raises:
+            NVMLError: NOT_SUPPORTED for a device without a fabric (and no override).
+        """
+        f = dev.fabric
+        if override is None:
+            if f is None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return (FABRIC_STATES.index(f.state), f.status or 0, f.cluster_uuid or _ZERO_UUID, f.clique_id or 0,
+                    f.health_mask or 0)
+        state, status, degraded, cluster, clique = override
+        done = state == NVML_GPU_FABRIC_STATE_COMPLETED
+        cluster = cluster or (f.cluster_uuid if f is not None and done and f.cluster_uuid else _ZERO_UUID)
+        clique = clique if clique is not None else (f.clique_id if f is not None and done and f.clique_id else 0)
+        mask = NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE if degraded else NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE
+        return state, status, cluster, clique, mask
 
     def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> int:
         return self._fabric("nvmlDeviceGetGpuFabricInfo", device, gpuFabricInfo)

@@ -65,7 +65,12 @@ NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE = 1
 NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE = 2
 NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW = 0
 NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW = 0x3
+NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY = 1
+NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY = 2
+NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY = 3
 nvmlGpuFabricInfo_v2 = 0x02000024
+nvmlGpuFabricInfo_v3 = 0x3000028
 
 # nvmlEventType* bit masks (nvmlDeviceRegisterEvents / nvmlEventSetWait)
 nvmlEventTypeSingleBitEccError = 0x0000000000000001
@@ -109,7 +114,9 @@ _ERRORS = {
     "DRIVER_NOT_LOADED": 9, "TIMEOUT": 10, "IRQ_ISSUE": 11, "LIBRARY_NOT_FOUND": 12,
     "FUNCTION_NOT_FOUND": 13, "CORRUPTED_INFOROM": 14, "GPU_IS_LOST": 15, "RESET_REQUIRED": 16,
     "OPERATING_SYSTEM": 17, "LIB_RM_VERSION_MISMATCH": 18, "IN_USE": 19, "MEMORY": 20,
-    "NO_DATA": 21, "UNKNOWN": 999,
+    "NO_DATA": 21, "VGPU_ECC_NOT_SUPPORTED": 22, "INSUFFICIENT_RESOURCES": 23, "FREQ_NOT_SUPPORTED": 24,
+    "ARGUMENT_VERSION_MISMATCH": 25, "DEPRECATED": 26, "NOT_READY": 27, "GPU_NOT_FOUND": 28, "INVALID_STATE": 29,
+    "RESET_TYPE_NOT_SUPPORTED": 30, "UNKNOWN": 999,
 }
 for _n, _v in _ERRORS.items():
     globals()[f"NVML_ERROR_{_n}"] = _v
@@ -211,6 +218,16 @@ class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
 
 
 c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfo_v2_t
+
+
+class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
+                ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint),
+                ("healthMask", ctypes.c_uint32), ("healthSummary", ctypes.c_uint8)]
+
+    def __init__(self, **kw):
+        kw.setdefault("version", nvmlGpuFabricInfo_v3)
+        super().__init__(**kw)
 
 
 def _pci_info(bus_id: str) -> nvmlPciInfo_t:

@@ -13,6 +13,10 @@ the same function names, constants, ctypes structures and error classes as the
   the backend has to take its switch path; anything else gets direct GPU peers;
   ``nvmlDeviceGetNvLinkVersion`` answers the version whose per-lane speed is the
   link's (``Link.lane_gbps`` 50 -> NVLink 5.0, 20 -> 1.0, None = the table default -> 4.0);
+* NVLink fabric: ``nvmlDeviceGetGpuFabricInfoV`` (struct v2 and v3; another version gets
+  ARGUMENT_VERSION_MISMATCH) and the original ``nvmlDeviceGetGpuFabricInfo`` answer from each
+  device's ``fabric`` (cluster UUID, clique, state, status, health mask), NOT_SUPPORTED where it
+  has none;
 * MIG: the profile table (``nvmlDeviceGetGpuInstanceProfileInfo`` by profile
   index, placements through ``nvmlDeviceGetGpuInstancePossiblePlacements`` filling
   a ctypes array), GPU instances and MIG device handles come from the devices'
@@ -21,7 +25,7 @@ the same function names, constants, ctypes structures and error classes as the
 Faults can be injected with :meth:`FakeNVML.fail` (e.g. a lost GPU, a timeout). Health
 conditions (Xid events, ECC, row remapping, retired pages, throttling, NVLink down, a lost
 GPU), the NVML event API and the facts ``rayaccel doctor`` reads (driver/CUDA/NVML
-versions, persistence, pending MIG mode, NVSwitch fabric state, P2P status) come from
+versions, persistence, pending MIG mode, fabric overrides, P2P status) come from
 :class:`~rayaccel.discovery._fakenvml_ops.FakeNVMLOps`, whose docstring lists every injection.
 """
 

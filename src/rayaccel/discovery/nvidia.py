@@ -22,6 +22,11 @@ What it asks NVML, per device ``i`` (handle ``h``):
 * PCIe: ``nvmlDeviceGetTopologyCommonAncestor`` for every pair (INTERNAL/SINGLE ->
   PIX, MULTIPLE -> PXB, HOSTBRIDGE -> PHB, NODE -> NODE, SYSTEM -> SYS), kept on
   NVLink links too;
+* NVLink fabric: ``nvmlDeviceGetGpuFabricInfoV`` with struct ``nvmlGpuFabricInfo_v3``, then
+  ``_v2`` (a driver that knows only v2 answers ARGUMENT_VERSION_MISMATCH), then the original
+  ``nvmlDeviceGetGpuFabricInfo``: state, and once completed the cluster UUID, clique id, status
+  and health mask (:class:`~rayaccel.topology.Fabric`). "Not supported" (before Hopper, no
+  NVSwitch) or state NOT_SUPPORTED is no fabric, never an error;
 * MIG: ``nvmlDeviceGetMigMode``; the profile table by profile index with
   ``nvmlDeviceGetGpuInstanceProfileInfo`` + ``nvmlDeviceGetGpuInstancePossiblePlacements``;
   GPU instances (``nvmlDeviceGetGpuInstances``, ``nvmlGpuInstanceGetInfo``) and MIG
@@ -40,12 +45,13 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, BackendUnavailable
-from ..topology import Device, Link, MigProfile, NodeTopology, Partition
+from ..topology import FABRIC_STATES, Device, Fabric, Link, MigProfile, NodeTopology, Partition
 from .registry import BackendInfo
 
 _INSTALL_HINT = "pip install nvidia-ml-py (or `pip install rayaccel`), on a machine with the NVIDIA driver"
@@ -110,7 +116,7 @@ class _Session:
         except self.nvml.NVMLError as e:
             value = getattr(e, "value", None)
             defaults = {"NOT_SUPPORTED": 3, "FUNCTION_NOT_FOUND": 13, "NO_DATA": 21, "NO_PERMISSION": 4,
-                        "INVALID_ARGUMENT": 2, "NOT_FOUND": 6}
+                        "INVALID_ARGUMENT": 2, "NOT_FOUND": 6, "ARGUMENT_VERSION_MISMATCH": 25}
             if value in {self.code(n, defaults.get(n, -1)) for n in _UNKNOWN + unknown}:
                 return None
             if value == self.code("GPU_IS_LOST", 15):
@@ -227,6 +233,7 @@ class NvidiaBackend:
             cc = s.call("nvmlDeviceGetCudaComputeCapability", h, device=i)
             facts["compute_capability"] = f"{cc[0]}.{cc[1]}" if cc else None
             facts["health"] = self._health(s, h, i)
+            facts["fabric"] = self._fabric(s, h, i)
             mode = s.call("nvmlDeviceGetMigMode", h, device=i)
             facts["mig_mode"] = None if mode is None else bool(mode[0])
             profiles = self._mig_profiles(s, h, i)
@@ -267,6 +274,23 @@ class NvidiaBackend:
         if pending or (rows is not None and rows[2]):
             return "degraded"
         return "ok"
+
+    # ------------------------------------------------------------ NVLink fabric
+    #: (struct, function) pairs, newest first: v3 adds healthSummary, v2 healthMask; the original has neither.
+    _FABRIC_CALLS = (("c_nvmlGpuFabricInfo_v3_t", "nvmlDeviceGetGpuFabricInfoV"),
+                     ("c_nvmlGpuFabricInfo_v2_t", "nvmlDeviceGetGpuFabricInfoV"),
+                     ("c_nvmlGpuFabricInfo_t", "nvmlDeviceGetGpuFabricInfo"))
+
+    def _fabric(self, s: _Session, h: Any, i: int) -> Fabric | None:
+        for struct, fn in self._FABRIC_CALLS:
+            cls = getattr(s.nvml, struct, None)
+            if cls is None or getattr(s.nvml, fn, None) is None:
+                continue
+            info = cls()
+            if s.call(fn, h, ctypes.byref(info), device=i, unknown=("ARGUMENT_VERSION_MISMATCH",)) is None:
+                continue  # not supported here, or this struct version is unknown to the driver: try the next
+            return _fabric_of(info)
+        return None
 
     # ------------------------------------------------------------ MIG
     def _mig_profiles(self, s: _Session, h: Any, i: int) -> list[MigProfile]:
@@ -402,6 +426,25 @@ class NvidiaBackend:
         except _Lost:
             return None
         return _LEVEL_TO_PCIE.get(level) if level is not None else None
+
+
+def _fabric_of(info: Any) -> Fabric | None:
+    """A :class:`Fabric` from an ``nvmlGpuFabricInfo*`` struct (None for state NOT_SUPPORTED).
+
+    The cluster UUID, clique id and status are kept only once registration completed: NVML says
+    the status "must be checked only if state returns complete", and the others are zeros until then.
+    A health mask of 0 (every field NOT_SUPPORTED) is kept as None: the driver reports no health.
+    """
+    state = int(info.state)
+    if not 0 < state < len(FABRIC_STATES):  # NOT_SUPPORTED, or a state newer than this code knows
+        return None
+    name = FABRIC_STATES[state]
+    mask = int(info.healthMask) if hasattr(info, "healthMask") else None
+    mask = mask or None  # 0: every health field NOT_SUPPORTED, i.e. the driver reports no health
+    if name != "completed":
+        return Fabric(state=name, health_mask=mask)
+    return Fabric(state=name, cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))), clique_id=int(info.cliqueId),
+                  status=int(info.status), health_mask=mask)
 
 
 def _profile_name(info: Any) -> str:

@@ -13,7 +13,7 @@ from ..discovery.amd import _Lib
 from ..discovery.nvidia import _bus_key
 from ..errors import BackendError
 from ..topology import NodeTopology
-from . import Check
+from ._check import Check
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..topology import NodeTopology
-from . import Check
+from ._check import Check
 
 #: Kernel modules that give NVIDIA GPUs GPUDirect RDMA with RDMA NICs (the driver's own since
 #: 470, and Mellanox's older one).

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..discovery.nvidia import _bus_key, _text
 from ..topology import Device, NodeTopology
-from . import Check
+from ._check import Check
 
 log = logging.getLogger(__name__)
 _UNKNOWN = {"NOT_SUPPORTED": 3, "FUNCTION_NOT_FOUND": 13, "NO_DATA": 21, "NO_PERMISSION": 4}

@@ -241,7 +241,7 @@ class NodeAgent:
 
     def doctor(self) -> dict:
         """This node's facts and local checks (see :mod:`.doctor`)."""
-        from .doctor import node_facts
+        from .doctor_node import node_facts
 
         return node_facts(self)
 

@@ -4,6 +4,7 @@ Supported (auto-detected; several may appear in one text)::
 
     nvidia-smi topo -m | --matrix | -mp     nvsmi_topo   links, NICs, CPU/NUMA affinity
     nvidia-smi -L                           nvsmi_list   models, UUIDs, MIG devices
+    nvidia-smi -q (or a grep of its Fabric) nvsmi_query  models, UUIDs, memory, MIG mode, NVLink fabric
     nvidia-smi mig -lgip | -lgipp | -lgi    mig          MIG profiles, placements, GPU instances
     rocm-smi --showtopo | --showtoponuma    rocm         xGMI/PCIe links, NUMA nodes (every NUMA-line form)
     rocm-smi --json                         rocm         NUMA nodes, PCI bus, VRAM per card
@@ -32,7 +33,7 @@ from typing import Callable, Sequence
 
 from ...errors import CaptureError, TopologyError
 from ...topology import NodeTopology
-from . import amdsmi, hlsmi, mig, neuron, nvsmi_list, nvsmi_topo, rocm
+from . import amdsmi, hlsmi, mig, neuron, nvsmi_list, nvsmi_query, nvsmi_topo, rocm
 from ._base import Fragment, Line, clean_lines
 from .combine import combine
 
@@ -47,6 +48,7 @@ FORMATS: tuple[tuple[str, Callable[[list[Line]], bool], Callable[[list[Line], st
     ("hl-smi topo -c -N", hlsmi.detect, hlsmi.parse),
     ("nvidia-smi mig", mig.detect, mig.parse),
     ("nvidia-smi -L", nvsmi_list.detect, nvsmi_list.parse),
+    ("nvidia-smi -q", nvsmi_query.detect, nvsmi_query.parse),
     ("nvidia-smi topo -m", nvsmi_topo.detect, nvsmi_topo.parse),
 )
 

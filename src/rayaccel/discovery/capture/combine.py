@@ -17,6 +17,7 @@ Rules:
   from ``-lgi`` (GI ids, placement) and
   ``nvidia-smi -L`` (UUIDs), paired by profile in order of appearance. A
   partition's memory, SMs and size are filled from its profile when known.
+* The NVLink fabric (``nvidia-smi -q``) is a device field like the others: first capture wins.
 * Captures naming two different hosts are not one machine: CaptureError.
 """
 
@@ -75,6 +76,8 @@ def combine(frags: Sequence[Fragment], *, name: str | None, sources: tuple[str, 
                                     f"({owner[(idx, key)]}); kept the first")
             if d.get("mig_mode"):
                 out["mig_mode"] = True
+            elif d.get("mig_mode") is False:  # `nvidia-smi -q` says Disabled; a MIG listing's True wins
+                out.setdefault("mig_mode", False)
             if d.get("partitions"):
                 parts.setdefault(idx, []).append(list(d["partitions"]))
             if d.get("_mig_rows"):

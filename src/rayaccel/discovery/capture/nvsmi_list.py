@@ -22,7 +22,7 @@ from ._base import Fragment, Line, fail, find_hostname
 FORMAT = "nvidia-smi -L"
 
 _GPU = re.compile(r"^\s*GPU\s+(\d+)\s*:\s*(.*?)\s*\(UUID:\s*(GPU-[0-9A-Za-z-]+)\s*\)")
-_GPU_LOOSE = re.compile(r"^\s*GPU\s+\d+\s*:")
+_GPU_LOOSE = re.compile(r"^\s*GPU\s+\d+\s*:(?![0-9A-Fa-f]{2}:)")  # not `nvidia-smi -q`'s "GPU 00000000:18:00.0"
 _MIG = re.compile(r"^\s*MIG\s+(\S+)\s+Device\s+(\d+)\s*:\s*\(UUID:\s*(MIG-[^)\s]+)\s*\)")
 _MIG_LOOSE = re.compile(r"^\s*MIG\s+\S+\s+Device\b")
 _OLD_MIG_UUID = re.compile(r"^MIG-GPU-[0-9A-Za-z-]+/(\d+)/(\d+)$")

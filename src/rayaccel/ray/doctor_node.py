@@ -1,0 +1,48 @@
+"""The node half of ``rayaccel doctor``: the facts and local checks a node agent gathers on its node.
+
+Imported by the node agent (:mod:`.agent`); it imports nothing of the cluster half
+(:mod:`.doctor_cluster`), which calls the agents and judges their answers together.
+
+Facts: the Ray / rayaccel / Python versions, whether the worker hook is installed and Ray's
+GPU-id function patched, GPU slots held by unhooked workers, the health watcher's error, arbiter
+resets, the node's NVLink domain as its published topology says (:func:`~rayaccel.doctor._fabric.domain_summary`:
+the domain, or why none), and the hardware checks of :func:`rayaccel.doctor.local_checks`
+(``n/a`` on a simulated node).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+from ..doctor import local_checks
+from ..doctor._fabric import domain_summary
+
+
+def node_facts(agent: Any) -> dict:
+    """What a node agent reports for the doctor (runs on the node; a JSON-ready dict)."""
+    import ray  # the agent runs inside Ray; importing it here keeps `import rayaccel.ray.doctor_node` cheap
+
+    import rayaccel
+
+    from . import _ray_private as rp
+
+    topology = agent.record.topology
+    facts: dict[str, Any] = {"node_key": agent.node_key, "ray": ray.__version__, "rayaccel": rayaccel.__version__,
+                             "python": platform.python_version(), "hook": "rayaccel.ray.hook" in sys.modules,
+                             "patched": rp._PATCHED, "simulated": agent.record.simulated,
+                             "unhooked_slots": agent.last.unhooked_slots if agent.last is not None else 0.0,
+                             "health_error": agent.health_error,
+                             "resets": agent.last.resets if agent.last is not None else 0,
+                             "hostname": topology.hostname, "domain": domain_summary(topology)}
+    lock = agent.arbiter.lock_info()
+    facts["lock"] = lock._asdict() if lock is not None else None
+    try:
+        fake = getattr(agent.watcher, "fake", None)
+        kw = {"nvml": fake} if fake is not None and agent.record.simulated else {}
+        facts["checks"] = [c.to_dict() for c in local_checks(topology, simulated=agent.record.simulated, **kw)]
+    except Exception as e:  # noqa: BLE001 - reported as one failed row, the other checks still run
+        facts["checks"] = [{"name": "hardware checks", "status": "fail", "detail": f"could not run: {e}",
+                            "fix": "see the node agent's log"}]
+    return facts
