@@ -153,11 +153,23 @@ def test_a_plain_driver_that_never_imports_rayaccel_gets_its_devices(cluster):
         ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
         assert "rayaccel" not in sys.modules
         dgx = sys.argv[2]
+        @ray.remote(num_cpus=0)
+        class Barrier:  # all four hold their GPUs at once (a slow worker start must not serialize them)
+            def __init__(self):
+                self.n = 0
+            def arrive(self):
+                self.n += 1
+            def count(self):
+                return self.n
+        barrier = Barrier.remote()
         @ray.remote(num_gpus=2, label_selector={"rayaccel.io/topology": "dgx1-v100"})
-        def step():
-            time.sleep(1.0)
+        def step(barrier):
+            ray.get(barrier.arrive.remote())
+            deadline = time.time() + 90
+            while ray.get(barrier.count.remote()) < 4 and time.time() < deadline:
+                time.sleep(0.05)
             return ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES")
-        print(json.dumps(ray.get([step.remote() for _ in range(4)])))
+        print(json.dumps(ray.get([step.remote(barrier) for _ in range(4)])))
         assert "rayaccel" not in sys.modules
     """)
     dgx = node_named(cluster, "dgx1-v100")
