@@ -121,7 +121,7 @@ def test_the_tables_plans_answer_exactly_as_the_placer(machine):
 
 def test_table_round_trips_and_names_its_units():
     topo = catalog.load("a100-mig")
-    t = build_table(topo, KEY, False, nics={0: ("mlx5_0:1",)})
+    t = build_table(topo, KEY, False)
     back = decode_table(encode_table(t))
     assert back == t
     mig = [r for r in t.resources if r.startswith("mig_")]

@@ -105,3 +105,40 @@ def test_stop_without_any_local_node_says_so():
 def test_version():
     r, _ = _cli("--version")
     assert r.returncode == 0 and r.stdout.startswith("rayaccel ")
+
+
+@pytest.mark.parametrize("content, says", [
+    ("SwitchName=s1 Nodes=node[01-0\n", "topology.conf"),          # a hostlist that does not close
+    ("SwitchName=s1 Nodes=elsewhere01\n", "not in this file"),       # a file that does not name this host
+    ('{"Instances": [}', "topology.json"),                           # JSON that does not parse
+], ids=["bad-hostlist", "host-not-named", "bad-json"])
+def test_start_with_a_bad_network_topology_starts_nothing(tmp_path, content, says):
+    """`rayaccel start --network-topology` reads the file before anything starts: one error line, no node."""
+    from rayaccel.ray import processes
+
+    name = "topology.json" if content.startswith("{") else "topology.conf"
+    f = tmp_path / name
+    f.write_text(content)
+    before = {n.node_key for n in processes.local_nodes()}
+    r, _ = _cli("start", "--head", "--topology", "dgx1-v100", "--network-topology", str(f), "--instance-id",
+                "i-0123456789abcdef0")
+    _one_error(r)
+    assert says in r.stderr
+    assert {n.node_key for n in processes.local_nodes()} == before
+
+
+def test_network_levels_and_the_nvlink_domain_become_ray_start_labels():
+    from pathlib import Path
+
+    from rayaccel import catalog
+    from rayaccel.discovery.network import node_levels
+    from rayaccel.ray.lifecycle import ray_start_command
+
+    conf = Path(__file__).parent / "data" / "network" / "slurm-tree-topology.conf"
+    levels = node_levels(conf, "nvl-r0-t03")
+    assert levels["rayaccel.io/net-l1"] == "leaf-r0"
+    tray = catalog.rack("gb200-nvl72-tray", trays=1, rack=0)[0]
+    cmd = ray_start_command(tray, "0123456789ab", ["--head"], simulated=True, network=levels)
+    labels = dict(kv.split("=", 1) for kv in cmd[-1][len("--labels="):].split(","))
+    assert labels["rayaccel.io/net-l1"] == levels["rayaccel.io/net-l1"]
+    assert labels["ray.io/gpu-domain"].endswith(".1") and labels["rayaccel.io/nvlink-clique"] == "1"

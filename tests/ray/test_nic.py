@@ -1,7 +1,7 @@
 """The NIC next to the GPU (issue 14): a plain ``num_gpus=1`` actor on each GPU of a simulated DGX A100
 sees ``UCX_NET_DEVICES`` naming only the RDMA NICs on its GPU's PCIe switch (``near_nics``), and a
-value the user set is kept. The hook sets it at the grant (the lead wires that; until then the first
-test is a strict xfail, so it must be flipped once it passes)."""
+value the user set is kept. The hook sets it at the grant from the node table (each device's
+``near_nics``), and ``get_devices()`` names the same NICs."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def _probe():
 
             import rayaccel
 
-            return rayaccel.get_devices().indices, os.environ.get("UCX_NET_DEVICES")
+            a = rayaccel.get_devices()
+            return a.indices, os.environ.get("UCX_NET_DEVICES"), a.nics
 
     return Probe
 
@@ -50,8 +51,6 @@ def _on(node_id: str):
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
 
-# raises=AssertionError: only the assertions below may make it an expected failure, never a setup error
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="lead wires UCX_NET_DEVICES into the hook")
 def test_each_gpu_sees_only_the_nics_on_its_pcie_switch(cluster, a100):
     import ray
 
@@ -63,11 +62,12 @@ def test_each_gpu_sees_only_the_nics_on_its_pcie_switch(cluster, a100):
     finally:
         for a in actors:
             ray.kill(a)
-    assert sorted(d for devs, _ in seen for d in devs) == list(range(8))
-    for devs, ucx in seen:
+    assert sorted(d for devs, _, _ in seen for d in devs) == list(range(8))
+    for devs, ucx, nics in seen:
         (dev,) = devs
         pair = dev // 2 * 2
         assert ucx == f"mlx5_{pair}:1,mlx5_{pair + 1}:1" == ",".join(near_nics(topo, [dev])), (dev, ucx)
+        assert nics == tuple(ucx.split(","))  # get_devices() names the same NICs
 
 
 def test_a_value_the_user_set_is_kept(cluster, a100):
@@ -77,7 +77,7 @@ def test_a_value_the_user_set_is_kept(cluster, a100):
     a = probe.options(scheduling_strategy=_on(a100),
                       runtime_env={"env_vars": {"UCX_NET_DEVICES": "mlx5_9:1"}}).remote()
     try:
-        (dev,), ucx = ray.get(a.where.remote(), timeout=120)
+        (dev,), ucx, _ = ray.get(a.where.remote(), timeout=120)
     finally:
         ray.kill(a)
     assert 0 <= dev < 8 and ucx == "mlx5_9:1"

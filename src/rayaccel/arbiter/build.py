@@ -15,7 +15,7 @@ import json
 
 from ..placement import NodeState, Request, allocate
 from ..placement.pools import gpu_pool, mig_pools
-from ..topology import NodeTopology
+from ..topology import NodeTopology, near_nics
 from .placer import bundle_order
 from .state import GPU
 from .table import PLAN_MAX, NodeTable, ResourceTable
@@ -31,13 +31,9 @@ def gpu_vendor(topology: NodeTopology) -> str:
     return vendors.pop() if len(vendors) == 1 else "nvidia"
 
 
-def build_table(topology: NodeTopology, node_key: str, simulated: bool, *,
-                nics: dict[int, tuple[str, ...]] | None = None) -> NodeTable:
-    """The node table of ``topology`` (see :mod:`.table`).
-
-    Args:
-        nics: device -> its nearest RDMA NICs (UCX ``device:port``), when known.
-    """
+def build_table(topology: NodeTopology, node_key: str, simulated: bool) -> NodeTable:
+    """The node table of ``topology`` (see :mod:`.table`): each device's nearest RDMA NICs come from
+    :func:`rayaccel.topology.near_nics` (PIX, else PXB; none farther)."""
     pool = tuple(gpu_pool(topology))
     resources = {GPU: ResourceTable(GPU, "units", pool, {d: d for d in pool}, {}, plans(topology, pool))}
     parent = {p.key: p.parent for p in topology.partitions()}
@@ -48,8 +44,9 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, *,
                                      {u: uuids[u] for u in units if u in uuids})
     vendor = gpu_vendor(topology)
     cpus = {d.index: tuple(d.cpus) for d in topology.devices if d.cpus}
+    nics = {d.index: near for d in topology.devices if (near := near_nics(topology, [d.index]))}
     return NodeTable(node_key, simulated, vendor, VISIBLE_ENV.get(vendor, "CUDA_VISIBLE_DEVICES"), resources, cpus,
-                     dict(nics or {}))
+                     nics)
 
 
 def plans(topology: NodeTopology, pool: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:

@@ -13,7 +13,9 @@ from ._common import console, fail, print_json
 def _start(ctx: typer.Context,
            topology: Optional[str] = typer.Option(None, "--topology", help="Simulate this catalog name or topology file instead of discovering."),
            no_publish: bool = typer.Option(False, "--no-publish", help="Do not publish the topology or start the node agent (debugging)."),
-           block: bool = typer.Option(False, "--block", help="Stay in the foreground until the node stops (containers, KubeRay); SIGTERM stops it.")) -> None:
+           block: bool = typer.Option(False, "--block", help="Stay in the foreground until the node stops (containers, KubeRay); SIGTERM stops it."),
+           network_topology: Optional[str] = typer.Option(None, "--network-topology", help="A Slurm topology.conf or AWS describe-instance-topology JSON naming this node: its network levels become labels (rayaccel.io/net-l1, ...)."),
+           instance_id: Optional[str] = typer.Option(None, "--instance-id", help="This node's EC2 instance id (with an AWS --network-topology file).")) -> None:
     """Start a Ray node whose devices rayaccel manages (other flags go to `ray start`).
 
     Without GPUs and without --topology the node advertises no devices (a CPU node).
@@ -24,7 +26,8 @@ def _start(ctx: typer.Context,
     from ..placement.pools import gpu_pool
     from ..ray.lifecycle import start_node
 
-    res = start_node(list(ctx.args), topology, publish=not no_publish)
+    res = start_node(list(ctx.args), topology, publish=not no_publish, network_topology=network_topology,
+                     instance_id=instance_id)
     rec = res.record
     t = rec.topology
     what = t.name or t.hostname or "discovered"

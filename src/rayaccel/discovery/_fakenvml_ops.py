@@ -40,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._fakenvml_handles import _deref, _Handle, is_nvswitch_topology
+from ._fakenvml_handles import _deref, _Handle
 from ._nvml_api import (
     NVMLError, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_TIMEOUT, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,

@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .._proc import start_time as _start_time
+from ..discovery.network import node_levels
 from ..errors import ClusterError
 from ..topology import NodeTopology
 from . import nodedir
@@ -58,8 +60,8 @@ def _without(args: list[str], flag: str) -> list[str]:
 
 
 def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[str], *,
-                      simulated: bool) -> list[str]:
-    """The ``ray start`` command line for a node advertising ``topology``.
+                      simulated: bool, network: dict[str, str] | None = None) -> list[str]:
+    """The ``ray start`` command line for a node advertising ``topology`` (and ``network``'s level labels).
 
     Raises:
         ClusterError: ``--num-gpus`` given (rayaccel sets it from the topology), ``--resources``
@@ -93,7 +95,7 @@ def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[
             raise ClusterError(f"--resources names {clash[0]!r}, which rayaccel (or --num-cpus/--num-gpus) sets")
         res.update(extra)
         args = _without(args, "--resources")
-    labels = node_labels(topology, node_key, simulated=simulated)
+    labels = node_labels(topology, node_key, simulated=simulated, network=network)
     user_labels = _flag_value(args, "--labels")
     if user_labels:
         args = _without(args, "--labels")
@@ -120,22 +122,30 @@ class Started:
 
 
 def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None = None,
-               *, publish: bool = True, timeout_s: float = 120.0) -> Started:
+               *, publish: bool = True, timeout_s: float = 120.0, network_topology: str | None = None,
+               instance_id: str | None = None) -> Started:
     """Start this machine's rayaccel node (see module docstring).
 
     Args:
         ray_args: ``ray start`` flags passed through (``--head``, ``--address=...``, ``--port`` ...).
         topology: simulate this topology instead of discovering.
         publish: write the record into the GCS KV and start the node's agent.
+        network_topology: a Slurm ``topology.conf`` or AWS ``describe-instance-topology`` JSON
+            file naming this node (``instance_id`` for AWS): its levels become node labels
+            (:func:`rayaccel.discovery.network.node_levels`). Read before anything starts.
 
     Raises:
+        CaptureError: the network file is malformed or does not name this node (nothing started).
         ClusterError: ``ray start`` failed, or publication failed (the node is stopped again).
     """
+    network = None
+    if network_topology is not None:
+        network = node_levels(network_topology, socket.gethostname(), instance_id)
     topo, simulated = node_topology(topology, simulate_default=False)
     record, directory = prepare(topo, simulated)
     head = "--head" in ray_args
     try:
-        cmd = ray_start_command(topo, record.node_key, ray_args, simulated=simulated)
+        cmd = ray_start_command(topo, record.node_key, ray_args, simulated=simulated, network=network)
     except BaseException:
         nodedir.remove(directory)
         raise

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..discovery.network import domain_labels
 from ..errors import TopologyError
 from ..placement.pools import gpu_pool, mig_pools
 from ..topology import NodeTopology
@@ -29,8 +30,15 @@ def node_resources(topology: NodeTopology, node_key: str) -> tuple[int, dict[str
     return len(gpu_pool(topology)), res
 
 
-def node_labels(topology: NodeTopology, node_key: str, *, simulated: bool) -> dict[str, str]:
-    """The labels a node with ``topology`` carries (values sanitised to Ray's syntax)."""
+def node_labels(topology: NodeTopology, node_key: str, *, simulated: bool,
+                network: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The labels a node with ``topology`` carries (values sanitised to Ray's syntax).
+
+    Besides rayaccel's own: the node's NVLink domain as Ray's ``ray.io/gpu-domain`` (with
+    ``rayaccel.io/nvlink-cluster`` / ``nvlink-clique``; none when its GPUs share no domain,
+    :func:`rayaccel.discovery.network.domain_labels`) and its place in the network
+    (``network``: ``rayaccel.io/net-l1`` ... from :func:`rayaccel.discovery.network.node_levels`).
+    """
     models = sorted({d.model for d in topology.devices if d.model})
     vendors = sorted({d.vendor for d in topology.devices})
     labels = {
@@ -45,6 +53,8 @@ def node_labels(topology: NodeTopology, node_key: str, *, simulated: bool) -> di
         labels[LABEL_PREFIX + "vendor"] = label_value(vendors[0] if len(vendors) == 1 else "mixed")
     if topology.name:
         labels[LABEL_PREFIX + "topology"] = label_value(topology.name)
+    labels.update(domain_labels(topology))
+    labels.update(network or {})
     return {k: v for k, v in labels.items() if v}
 
 
