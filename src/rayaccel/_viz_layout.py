@@ -404,3 +404,35 @@ def _shelves(sizes: list[tuple[float, float]], order: list[int], limit: float, g
     width = max(sh[2] for sh in shelves)
     height = shelves[-1][0] + shelves[-1][1]
     return [origins[i] for i in range(len(sizes))], width, height
+
+
+def pack_groups(sizes: list[tuple[float, float]], groups: list[list[int]], gap: float, pad: float, head: float,
+                extra: tuple[float, float] | None = None):
+    """Pack blocks in framed groups (one frame per NVLink domain of a cluster picture).
+
+    Each group's blocks are packed with :func:`pack_blocks`; the group's frame adds ``pad``
+    around them and ``head`` above them for its label; the frames (and ``extra``, e.g. the
+    legend, as one more unframed block) are packed the same way.
+
+    Returns:
+        ``(origins, frames, extra_origin, width, height)``: top-left corner of every block (in
+        the order of ``sizes``), ``(x, y, w, h)`` of every group's frame (in the order of
+        ``groups``), the top-left corner of ``extra`` (None without it), the picture's size.
+    """
+    inner = []
+    outer: list[tuple[float, float]] = []
+    for members in groups:
+        org, w, h = pack_blocks([sizes[i] for i in members], gap)
+        inner.append(org)
+        outer.append((w + 2 * pad, h + 2 * pad + head))
+    if extra is not None:
+        outer.append(extra)
+    at, width, height = pack_blocks(outer, gap)
+    origins: list[tuple[float, float]] = [(0.0, 0.0)] * len(sizes)
+    frames = []
+    for g, members in enumerate(groups):
+        gx, gy = at[g]
+        frames.append((gx, gy, outer[g][0], outer[g][1]))
+        for i, (ox, oy) in zip(members, inner[g]):
+            origins[i] = (gx + pad + ox, gy + pad + head + oy)
+    return origins, frames, (at[-1] if extra is not None else None), width, height

@@ -22,7 +22,8 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
     Each node: ``node_id``, ``node_key``, ``name``, ``hostname``, ``simulated``,
     ``free``, ``devices`` (index, model, memory_bytes, state: free / busy / shared /
     mig / drained, holders, drain), ``holders``, ``unhooked_slots``, ``age_s`` (of
-    the snapshot), ``agent`` (answered / published / missing).
+    the snapshot), ``agent`` (answered / published / missing), ``labels`` (the node's Ray labels:
+    ``ray.io/gpu-domain``, network levels).
 
     Raises:
         ClusterError: not connected to Ray.
@@ -109,4 +110,5 @@ def _node_row(n: Any, snap: dict | None, source: str, now: float) -> dict:
             "devices": devices, "holders": holders, "unhooked_slots": snap.get("unhooked_slots", 0.0),
             "waiting": [h for h in holders if h.get("waiting")],
             "age_s": round(now - snap["at"], 3) if snap.get("at") else None, "agent": source,
-            "gpus_available": n.gpus_available, "health_events": (snap.get("health") or {}).get("events", [])[-10:]}
+            "gpus_available": n.gpus_available, "health_events": (snap.get("health") or {}).get("events", [])[-10:],
+            "labels": dict(n.labels)}
