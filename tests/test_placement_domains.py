@@ -259,3 +259,20 @@ def test_the_domain_choice_never_models_worse_than_ignoring_domains(c, workers):
             blocks.setdefault(w.node, []).extend(w.devices)
         blind_model = ring_allreduce([(at[n][0].topology, at[n][1], d) for n, d in blocks.items()])
         assert g.allreduce_bandwidth_gbps >= blind_model.allreduce_bandwidth_gbps
+
+
+# ------------------------------------------------------------------ single-node work
+def test_single_node_work_goes_to_the_fullest_domain():
+    from rayaccel.placement import place
+
+    # rack-b listed first and idle; rack-a half used: a one-tray task belongs in rack-a
+    nodes = _trays(4, "b") + _trays(4, "a", busy=(0, 1))
+    places = [NodePlace("rack-b")] * 4 + [NodePlace("rack-a")] * 4
+    assert place(nodes, gpus=4).node == "b0"  # without places: the first node
+    assert place(nodes, gpus=4, places=places).node == "a2"
+    assert place(nodes, gpus=4, places=[None] * 8).node == "b0"
+    # the node rank still comes first: a partly used tray beats any whole one
+    nodes[1] = NodeState(TRAY, busy=frozenset({0, 1}), node_id="b1")
+    assert place(nodes, gpus=2, places=places).node == "b1"
+    with pytest.raises(RequestError, match="places for"):
+        place(nodes, gpus=4, places=places[:3])

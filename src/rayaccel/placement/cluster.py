@@ -22,6 +22,7 @@ from typing import Sequence
 from ..errors import RequestError
 from ._live import LiveRanks
 from ._tiebreak import takes_straggler
+from .domains import NodePlace, as_places
 from .gang import STRATEGIES, place_gang  # re-exported: the gang entry point of the cluster placer
 from .node import Decision, decide, materialize
 from .request import Request, make_request
@@ -36,7 +37,8 @@ _IDLE: dict = {}  # (topology key, request) -> weakest-link rank of the best set
 _NO_RANK = -1
 
 
-def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) -> Allocation | Rejection:
+def place(nodes: Sequence[NodeState], request: Request | None = None, *,
+          places: Sequence[NodePlace | None] | None = None, **fields) -> Allocation | Rejection:
     """The best node and devices for ``request`` across ``nodes`` (``Allocation.node`` is set).
 
     Each node's answer is cached per (request, node state key), and the ranks
@@ -54,6 +56,11 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
     best interconnect (see :func:`node_rank`); the others are placed as if
     ``near`` were not given. ``near`` without ``near_node`` applies to every node
     that has those indices.
+
+    ``places`` (one :class:`~.domains.NodePlace` or None per node): among the nodes tied
+    at the best rank, the one in the fullest NVLink domain wins (the smallest share of its
+    domain's devices free, then the fewest free), so single-node work does not open a whole
+    free domain that a later gang needs. This costs one pass over ``nodes``, and only then.
 
     Raises:
         RequestError: an invalid request, ``nodes`` not a sequence of :class:`NodeState`,
@@ -95,6 +102,8 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
         if r > top or (r == top and holder < i):
             win = materialize(d) if isinstance(d, Decision) else d
             return win if win.node == nodes[holder].node_id else replace(win, node=nodes[holder].node_id)
+    if places is not None and top != _NO_RANK:
+        i = _fullest_domain(nodes, places, live, top, i)
     if top == _NO_RANK:
         kids = [_kid(st, nodes) for st in nodes]
         for kid, st in zip(kids, nodes):
@@ -108,6 +117,30 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
     if isinstance(win, Decision):
         win = materialize(win)
     return win if win.node == st.node_id else replace(win, node=st.node_id)
+
+
+def _fullest_domain(nodes: Sequence[NodeState], places: Sequence[NodePlace | None], live: LiveRanks, top: int,
+                    first: int) -> int:
+    """The position, among those ranked ``top``, of the node in the fullest NVLink domain (ties: the first)."""
+    pl = as_places(places, len(nodes))
+    if not any(p.domain is not None for p in pl):
+        return first
+    with _LIVE_LOCK:
+        tied = sorted({j for j in live.heaps[top] if live.ranks[j] == top})
+    if len(tied) < 2:
+        return first
+    free: dict = {}
+    size: dict = {}
+    for j, st in enumerate(nodes):
+        k = ("domain", pl[j].domain) if pl[j].domain is not None else ("node", j)
+        free[k] = free.get(k, 0) + len(st.topology.devices) - len(st.taken())
+        size[k] = size.get(k, 0) + len(st.topology.devices)
+
+    def key(j: int) -> tuple:
+        k = ("domain", pl[j].domain) if pl[j].domain is not None else ("node", j)
+        return (free[k] / size[k] if size[k] else 1.0, free[k], j)
+
+    return min(tied, key=key)
 
 
 def _kid(st, nodes) -> int:
