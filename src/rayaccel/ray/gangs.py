@@ -217,6 +217,8 @@ class Gang:
                                        f"{timeout_s:.0f} s (devices still held by other work)")
                 wait_s = min(wait_s * 2, REPLAN_MAX_S)
                 if self._taken():
+                    if ray.wait([self.placement_group.ready()], timeout=0)[0]:
+                        break  # granted meanwhile: the "taken" devices are this group's own reservation
                     fresh = self._plan(idle_ok=False)
                     if fresh is not None and sorted(a.node for a in fresh[0].workers) != sorted(
                             n.node_id for n in self.nodes):  # the same nodes again: the view has not caught up
