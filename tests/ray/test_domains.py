@@ -139,8 +139,10 @@ ABORTS = re.compile(r"Fatal Python error|Unexpected poll revent|SIGABRT received
 def test_gang_loop_holds_under_change_and_exits_cleanly(idle_trays, caplog):
     """The issue's loop: an actor takes one tray (not yet granted), a 2 x 4 gang starts at once; five times.
 
-    Every gang runs (its stale view is re-planned instead of waiting 60 s on a taken tray), every
-    exit tears torch.distributed down without an abort, and the devices are free right after.
+    The actor takes the tray the placer would choose first (the lowest node id: the view's order),
+    the adversarial case of the race. Every gang runs (a plan gone stale is re-planned instead of
+    waiting on a taken tray: without it 2 of 5 ran), every exit tears torch.distributed down
+    without an abort, and the devices are free right after.
     """
     pytest.importorskip("torch")
     import ray
@@ -157,8 +159,9 @@ def test_gang_loop_holds_under_change_and_exits_cleanly(idle_trays, caplog):
 
     before = len(ABORTS.findall(_worker_logs()))
     ran = 0
+    first = sorted(n.node_id for n in idle_trays.nodes)[0]
     for _ in range(5):
-        hog = _hog()
+        hog = _hog(first)
         with rayaccel.gang(workers=2, gpus_per_worker=4, timeout_s=60) as g:
             assert g.run(allreduce) == [3.0, 3.0]
             ran += 1
