@@ -13,8 +13,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from ._outputs import VizError
 from .topology import PCIE_CLASSES, Nic, NodeTopology
 
 DEV_W, DEV_H = 1.7, 1.05
@@ -436,3 +437,24 @@ def pack_groups(sizes: list[tuple[float, float]], groups: list[list[int]], gap: 
         for i, (ox, oy) in zip(members, inner[g]):
             origins[i] = (gx + pad + ox, gy + pad + head + oy)
     return origins, frames, (at[-1] if extra is not None else None), width, height
+
+
+def domain_groups(domains: Sequence[str | None] | None, n: int) -> list[tuple[str, list[int]]] | None:
+    """(frame label, node positions) per NVLink domain, or None when there is nothing to group.
+
+    Raises:
+        VizError: ``domains`` is not one name (or None) per node.
+    """
+    if domains is None:
+        return None
+    if isinstance(domains, (str, bytes)) or not isinstance(domains, Sequence) or len(domains) != n:
+        raise VizError(f"domains: expected one NVLink domain name (or None) per node ({n}), got {domains!r}"[:200])
+    if any(d is not None and not isinstance(d, str) for d in domains):
+        raise VizError("domains: expected strings or None")
+    if all(d is None for d in domains):
+        return None
+    order: dict[str | None, list[int]] = {}
+    for i, d in enumerate(domains):
+        order.setdefault(d, []).append(i)
+    keys = sorted(order, key=lambda d: (d is None, list(order).index(d)))
+    return [(f"NVLink domain {d}" if d is not None else "no NVLink domain", order[d]) for d in keys]

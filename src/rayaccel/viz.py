@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ._viz_layout import (DEV_H, DEV_W, NIC_H, SMALL_ABOVE, STEP_X, STEP_Y, _all_to_all, _blocked,  # noqa: F401
-                          _extent, _layout, drawn_links, link_label_point, link_route, nic_places, pack_blocks,
-                          pack_groups)
+                          _extent, _layout, domain_groups, drawn_links, link_label_point, link_route, nic_places,
+                          pack_blocks, pack_groups)
 from ._outputs import SUFFIXES, VizError, check_output_dir, check_output_file
 from .errors import OutputPathError
 from .topology import DIRECT_KINDS, Device, NodeTopology, Partition
@@ -519,25 +519,4 @@ def draw_cluster(nodes: Sequence[tuple[str, NodeTopology, Assignments]], path: s
         raise VizError("draw_cluster needs at least one (name, topology, assignments) node")
     colours = holder_colours([str(label) for _, _, a in nodes for label in (a or {}).values()])
     blocks = [(topo, assign, name, SCALE_CLUSTER) for name, topo, assign in nodes]
-    return _figure(blocks, colours, p, title, _domain_groups(domains, len(nodes)))
-
-
-def _domain_groups(domains: Sequence[str | None] | None, n: int) -> list[tuple[str, list[int]]] | None:
-    """(frame label, node positions) per NVLink domain, or None when there is nothing to group.
-
-    Raises:
-        VizError: ``domains`` is not one name (or None) per node.
-    """
-    if domains is None:
-        return None
-    if isinstance(domains, (str, bytes)) or not isinstance(domains, Sequence) or len(domains) != n:
-        raise VizError(f"domains: expected one NVLink domain name (or None) per node ({n}), got {domains!r}"[:200])
-    if any(d is not None and not isinstance(d, str) for d in domains):
-        raise VizError("domains: expected strings or None")
-    if all(d is None for d in domains):
-        return None
-    order: dict[str | None, list[int]] = {}
-    for i, d in enumerate(domains):
-        order.setdefault(d, []).append(i)
-    keys = sorted(order, key=lambda d: (d is None, list(order).index(d)))
-    return [(f"NVLink domain {d}" if d is not None else "no NVLink domain", order[d]) for d in keys]
+    return _figure(blocks, colours, p, title, domain_groups(domains, len(nodes)))
