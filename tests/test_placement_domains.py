@@ -110,7 +110,7 @@ def test_best_fit_across_domains_keeps_the_emptier_domain_whole():
     nodes, places = _racks(busy_a=range(10))          # rack-a: 8 trays free, rack-b: 18
     g = place_gang(nodes, 3, 4, places=places)
     assert _domains(g, places, nodes) == {"rack-a"}
-    assert "chosen over rack-b (15 left)" in g.explain()
+    assert "chosen over rack-b: the tighter fit (5 left, not 15: keeps the emptier domain whole)" in g.explain()
     g9 = place_gang(nodes, 9, 4, places=places)       # does not fit rack-a's 8
     assert _domains(g9, places, nodes) == {"rack-b"}
     one = place_gang(nodes, 1, 4, places=places)      # one tray: in the fuller rack

@@ -281,7 +281,7 @@ def _across(states: dict, places: list[NodePlace], order: list[int], workers: in
         domains.setdefault(_domain_of(i, places), []).append(i)
     room = {k: sum(fits[i] for i in v) for k, v in domains.items()}
     multi = {k: v for k, v in domains.items() if k[0] == "domain"}
-    best = None
+    tried = []  # (key, gang, domain key); keys compare: more nodes (spread), all-reduce, tighter fit
     for k, members in multi.items():
         if room[k] < workers:
             continue
@@ -290,17 +290,23 @@ def _across(states: dict, places: list[NodePlace], order: list[int], workers: in
             continue
         g = _result(states, places, got, strategy, "domain", (), domain=k[1])
         spread_nodes = len({i for i, _ in got}) if strategy == "spread" else 0
-        key = (spread_nodes, round(g.allreduce_bandwidth_gbps, 3), -(room[k] - workers))
-        if best is None or key > best[0]:
-            best = (key, g, k)
-    if best is not None:
-        _, g, k = best
-        rivals = sorted(((kk[1], room[kk]) for kk in multi if kk != k and room[kk] >= workers), key=lambda x: x[1])
+        tried.append(((spread_nodes, round(g.allreduce_bandwidth_gbps, 3), -(room[k] - workers)), g, k))
+    if tried:
+        best = max(tried, key=lambda t: t[0])  # ties: the first, in the order of the fullest domain
+        key, g, k = best
         why = [f"decided by: NVLink domain {k[1]} holds all {workers} workers "
                f"({room[k] - workers} worker(s) of room left in it)"]
-        if rivals:
-            why.append("chosen over " + ", ".join(f"{d} ({r - workers} left)" for d, r in rivals[:3])
-                       + ": better modeled all-reduce, then the tighter fit (keeps emptier domains whole)")
+        for rkey, rg, rk in [t for t in tried if t is not best][:3]:
+            if rkey[0] != key[0]:
+                how = f"spreads over {key[0]} nodes, not {rkey[0]}"
+            elif rkey[1] != key[1]:
+                how = f"modeled all-reduce {g.allreduce_bandwidth_gbps:g} GB/s, not {rg.allreduce_bandwidth_gbps:g}"
+            elif rkey[2] != key[2]:
+                how = (f"the tighter fit ({room[k] - workers} left, not {room[rk] - workers}: "
+                       "keeps the emptier domain whole)")
+            else:
+                how = "a tie: the fuller domain, then node order"
+            why.append(f"chosen over {rk[1]}: {how}")
         return _with_why(g, why)
     widest = max(multi, key=lambda kk: room[kk], default=None)
     lead = (f"no NVLink domain has room for {workers} workers"
