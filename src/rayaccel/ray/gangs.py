@@ -48,6 +48,9 @@ from typing import Any, Callable
 
 from ..errors import ClusterError, RequestError, Unsatisfiable
 
+# The Ray layer's other modules are imported inside the functions that use them: every gang worker
+# imports this module (its actor class), and should not pay for the placer and the cluster view.
+
 log = logging.getLogger(__name__)
 _WORKER_CLS: Any = None
 #: How long a gang's placement group may stay pending before the gang checks Ray's fresh counts for
@@ -220,8 +223,9 @@ class Gang:
                     if ray.wait([self.placement_group.ready()], timeout=0)[0]:
                         break  # granted meanwhile: the "taken" devices are this group's own reservation
                     fresh = self._plan(idle_ok=False)
+                    # re-create only on other nodes: the same ones again mean the view has not caught up yet
                     if fresh is not None and sorted(a.node for a in fresh[0].workers) != sorted(
-                            n.node_id for n in self.nodes):  # the same nodes again: the view has not caught up
+                            n.node_id for n in self.nodes):
                         remove_placement_group(self.placement_group)
                         self.replans += 1
                         self._reserve(*fresh)
