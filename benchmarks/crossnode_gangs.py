@@ -44,6 +44,9 @@ RDT actor gets the first one not yet taken, no PCIe affinity). One actor per GPU
 arriving in GPU order, then in random orders (mean of 20). Share of GPUs whose NIC is
 at PIX/PXB from them (of GPUs that have such a NIC).
 
+Part 1 also times rayaccel's decision alone (``place_gang`` with places) on 36, 288 and
+1,008 trays.
+
 Run: python benchmarks/crossnode_gangs.py [--quick] [--seed S]
 """
 
@@ -235,6 +238,28 @@ def nic_table(seed: int) -> tuple[list, str]:
     return rows, f"{len(rows)} captures with RDMA NICs ({skipped} captures did not import)"
 
 
+def decision_times(topo, seed: int, repeats: int) -> list[tuple[int, float, float]]:
+    """place_gang's decision time on 2, 16 and 56 racks of 18 trays (half the trays busy, 4 racks per block):
+    (trays, p50 ms, p90 ms) over ``repeats`` gangs of 2-16 trays."""
+    out = []
+    for racks in (2, 16, 56):
+        rng = random.Random(seed)
+        n = racks * TRAYS_PER_RACK
+        nodes = [NodeState(topo, busy=frozenset(topo.indices) if rng.random() < 0.5 else frozenset(), node_id=str(i))
+                 for i in range(n)]
+        places = [NodePlace(f"r{i // TRAYS_PER_RACK}", {"block": f"b{i // (4 * TRAYS_PER_RACK)}", "spine": "s"})
+                  for i in range(n)]
+        ts = []
+        for _ in range(repeats):
+            w = rng.choice(SIZES)
+            t0 = time.perf_counter()
+            place_gang(nodes, w, 4, places=places)
+            ts.append(time.perf_counter() - t0)
+        ts.sort()
+        out.append((n, 1000 * statistics.median(ts), 1000 * ts[int(0.9 * (len(ts) - 1))]))
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="400 jobs instead of 3,000")
@@ -256,6 +281,10 @@ def main(argv=None) -> None:
     print(f"{'p95 queueing delay':<34}" + "".join(f"{res[p]['wait_p95']:>{w}.3f}" for p in POLICIES))
     print(f"{'decision time per job, ms':<34}" + "".join(f"{res[p]['decide_ms']:>{w}.3f}" for p in POLICIES))
     print("\n(all-reduce ratio vs ray PACK; delays in mean job durations)\n")
+    print("rayaccel's gang decision (place_gang with places), half the trays busy:")
+    for n, p50, p90 in decision_times(topo, args.seed, 10 if args.quick else 40):
+        print(f"  {n:>5} trays: p50 {p50:.2f} ms, p90 {p90:.2f} ms")
+    print()
 
     rows, note = nic_table(args.seed)
     print(f"Part 2: the NIC for each GPU, {note}")
