@@ -100,7 +100,7 @@ CASES = [
     (["topo", "path", "0", "nodeB:1", "-t", "dgx1-v100", "--remote-topology", "nosuch"], "is not a catalog machine"),
     (["topo", "path", "0", "1", "-t", "{bad}/adir"], "is a directory"),
     # ---- plan
-    (["plan"], "Missing option '--topology'"),
+    (["plan"], "give exactly one of --topology (one machine) or --cluster"),
     (["plan", "-t", "nosuch"], "is not a catalog machine"),
     (["plan", "-t", "{bad}/bin.dat"], "not a text file"),
     (["plan", "-t", "{bad}/broken.json"], "not valid JSON"),

@@ -172,3 +172,15 @@ def test_bench_rejects_bad_values(which, junk):
 def test_budget_note():
     """The suite's size is in _fuzz_bounds: derandomized, a few seconds per property."""
     assert os.environ.get("RAYACCEL_FUZZ") in (None, "", "long")
+
+
+# ---------------------------------------------------------------- plan across nodes (issue 14)
+@fuzz_settings(40, 5000)
+@given(content=st.one_of(st.binary(max_size=200),
+                         st.builds(lambda d: json.dumps(d).encode(), __import__("test_fuzz_loaders").mutated_cluster_specs())),
+       workers=st.integers(-2, 40) | values, gpus=st.integers(-1, 9) | values,
+       strategy=st.sampled_from(["pack", "spread", "strict-pack"]) | text, as_json=st.booleans())
+def test_plan_cluster_specs(scratch, content, workers, gpus, strategy, as_json):
+    path = _write(scratch, content, ".json")
+    invoke(["plan", "--cluster", path, "--workers", str(workers), "--gpus", str(gpus), "--strategy", strategy]
+           + (["--json"] if as_json else []))

@@ -341,3 +341,68 @@ def test_found_capture_errors_echo_long_cells():
     with pytest.raises(RayaccelError) as e:
         import_captures(["\n".join(lines) + "\n"])
     assert len(str(e.value)) < 2000
+
+
+# ---------------------------------------------------------------- places across nodes (issue 14)
+CLUSTER_SPEC = json.loads((Path(__file__).parent / "data" / "clusters" / "two-racks.json").read_text())
+
+
+@st.composite
+def mutated_cluster_specs(draw):
+    """The two-rack cluster spec with 1-3 fields replaced by hostile values (or dropped)."""
+    d = json.loads(json.dumps(CLUSTER_SPEC))
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(list(_paths(d)) or [("nodes",)]))
+        obj = d
+        for k in path[:-1]:
+            obj = obj[k]
+        if draw(st.booleans()) and isinstance(obj, dict):
+            obj.pop(path[-1], None)
+        else:
+            obj[path[-1]] = draw(json_values)
+    return d
+
+
+@fuzz_settings(150)
+@given(content=st.one_of(st.binary(max_size=300), mutated_cluster_specs().map(lambda d: json.dumps(d).encode())))
+def test_cluster_spec(scratch, content):
+    from rayaccel.cli.cluster_spec import load_cluster_spec
+
+    path = scratch / "cluster.json"
+    path.write_bytes(content)
+    with bounded(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            spec = load_cluster_spec(path)
+        except RayaccelError as e:
+            assert len(str(e)) < 2000 and "cluster.json" in str(e)
+        else:
+            assert len(spec.nodes) == len(spec.places) == len(spec.cliques) >= 1
+
+
+@fuzz_settings(300, 500)
+@given(labels=st.dictionaries(st.sampled_from(["ray.io/gpu-domain", "rayaccel.io/nvlink-clique", "rayaccel.io/net-",
+                                               "rayaccel.io/net-block", "rayaccel.io/net-l1", "other"])
+                              | st.text(max_size=20).map(lambda s: "rayaccel.io/net-" + s),
+                              st.text(max_size=300), max_size=20))
+def test_node_labels_to_places(labels):
+    """Whatever a node's labels say, its place is a valid NodePlace (bad ones degrade to none)."""
+    from rayaccel.placement.domains import NodePlace
+    from rayaccel.ray.places import place_of
+
+    with bounded():
+        pl = place_of(labels)
+    assert isinstance(pl, NodePlace)
+    assert pl.domain is None or pl.domain == labels.get("ray.io/gpu-domain")
+
+
+@fuzz_settings(300, 500)
+@given(domain=json_scalars, levels=json_values, net=json_scalars, fab=json_scalars)
+def test_node_place_fields(domain, levels, net, fab):
+    from rayaccel.placement.domains import NodePlace
+
+    with bounded():
+        try:
+            NodePlace(domain, levels, net, fab)
+        except RequestError as e:
+            assert e.field and len(str(e)) < 1000

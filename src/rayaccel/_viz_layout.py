@@ -13,8 +13,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from ._outputs import VizError
 from .topology import PCIE_CLASSES, Nic, NodeTopology
 
 DEV_W, DEV_H = 1.7, 1.05
@@ -404,3 +405,56 @@ def _shelves(sizes: list[tuple[float, float]], order: list[int], limit: float, g
     width = max(sh[2] for sh in shelves)
     height = shelves[-1][0] + shelves[-1][1]
     return [origins[i] for i in range(len(sizes))], width, height
+
+
+def pack_groups(sizes: list[tuple[float, float]], groups: list[list[int]], gap: float, pad: float, head: float,
+                extra: tuple[float, float] | None = None):
+    """Pack blocks in framed groups (one frame per NVLink domain of a cluster picture).
+
+    Each group's blocks are packed with :func:`pack_blocks`; the group's frame adds ``pad``
+    around them and ``head`` above them for its label; the frames (and ``extra``, e.g. the
+    legend, as one more unframed block) are packed the same way.
+
+    Returns:
+        ``(origins, frames, extra_origin, width, height)``: top-left corner of every block (in
+        the order of ``sizes``), ``(x, y, w, h)`` of every group's frame (in the order of
+        ``groups``), the top-left corner of ``extra`` (None without it), the picture's size.
+    """
+    inner = []
+    outer: list[tuple[float, float]] = []
+    for members in groups:
+        org, w, h = pack_blocks([sizes[i] for i in members], gap)
+        inner.append(org)
+        outer.append((w + 2 * pad, h + 2 * pad + head))
+    if extra is not None:
+        outer.append(extra)
+    at, width, height = pack_blocks(outer, gap)
+    origins: list[tuple[float, float]] = [(0.0, 0.0)] * len(sizes)
+    frames = []
+    for g, members in enumerate(groups):
+        gx, gy = at[g]
+        frames.append((gx, gy, outer[g][0], outer[g][1]))
+        for i, (ox, oy) in zip(members, inner[g]):
+            origins[i] = (gx + pad + ox, gy + pad + head + oy)
+    return origins, frames, (at[-1] if extra is not None else None), width, height
+
+
+def domain_groups(domains: Sequence[str | None] | None, n: int) -> list[tuple[str, list[int]]] | None:
+    """(frame label, node positions) per NVLink domain, or None when there is nothing to group.
+
+    Raises:
+        VizError: ``domains`` is not one name (or None) per node.
+    """
+    if domains is None:
+        return None
+    if isinstance(domains, (str, bytes)) or not isinstance(domains, Sequence) or len(domains) != n:
+        raise VizError(f"domains: expected one NVLink domain name (or None) per node ({n}), got {domains!r}"[:200])
+    if any(d is not None and not isinstance(d, str) for d in domains):
+        raise VizError("domains: expected strings or None")
+    if all(d is None for d in domains):
+        return None
+    order: dict[str | None, list[int]] = {}
+    for i, d in enumerate(domains):
+        order.setdefault(d, []).append(i)
+    keys = sorted(order, key=lambda d: (d is None, list(order).index(d)))
+    return [(f"NVLink domain {d}" if d is not None else "no NVLink domain", order[d]) for d in keys]

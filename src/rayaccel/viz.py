@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ._viz_layout import (DEV_H, DEV_W, NIC_H, SMALL_ABOVE, STEP_X, STEP_Y, _all_to_all, _blocked,  # noqa: F401
-                          _extent, _layout, drawn_links, link_label_point, link_route, nic_places, pack_blocks)
+                          _extent, _layout, domain_groups, drawn_links, link_label_point, link_route, nic_places,
+                          pack_blocks, pack_groups)
 from ._outputs import SUFFIXES, VizError, check_output_dir, check_output_file
 from .errors import OutputPathError
 from .topology import DIRECT_KINDS, Device, NodeTopology, Partition
@@ -404,8 +405,9 @@ def _legend_size(handles: list, scale: float) -> tuple[float, float]:
 
 
 def _figure(blocks: list[tuple[NodeTopology, Any, str | None, float]], colours: Mapping[str, str], path: Path,
-            title: str | None) -> Path:
-    """Draw node blocks and the legend packed on one axes (see :func:`_pack`)."""
+            title: str | None, groups: list[tuple[str, list[int]]] | None = None) -> Path:
+    """Draw node blocks and the legend packed on one axes (:func:`pack_blocks`); with ``groups``
+    (label, block indices), each group in a labelled frame (:func:`pack_groups`)."""
     plt = _plt()
     scale = blocks[0][3]
     fig = plt.figure()
@@ -416,10 +418,25 @@ def _figure(blocks: list[tuple[NodeTopology, Any, str | None, float]], colours: 
     for topo, assign, _, _ in blocks:  # the legend's size is packed with the nodes, so it is estimated first
         _check_assignments(topo, dict(assign or {}))
         expected |= _legend_keys(topo)
-    if _legend_handles(expected, colours):
-        sizes.append(_legend_size(_legend_handles(expected, colours), scale))
-    origins, width, height = pack_blocks(sizes, _GAP)
+    legend = _legend_size(_legend_handles(expected, colours), scale) if _legend_handles(expected, colours) else None
+    frames: list = []
+    if groups:
+        label_h = (_TITLE_PT * 1.6 / 72) / scale
+        origins, frames, legend_at, width, height = pack_groups(sizes, [m for _, m in groups], _GAP, 0.35,
+                                                                label_h, legend)
+        if legend_at is not None:
+            origins = list(origins) + [legend_at]
+    else:
+        origins, width, height = pack_blocks(sizes + ([legend] if legend else []), _GAP)
     head = (_TITLE_PT * 1.2 * 1.6 / 72) / scale if title else 0.0
+    if frames:
+        from matplotlib.patches import FancyBboxPatch
+
+        for (label, _), (fx, fy, fw, fh) in zip(groups, frames):
+            ax.add_patch(FancyBboxPatch((fx, fy), fw, fh, boxstyle="round,pad=0,rounding_size=0.2",
+                                        fc="#f3f8ec", ec="#76b900", lw=1.4, zorder=0))
+            ax.text(fx + 0.3, fy + 0.12, _t(label), fontsize=_TITLE_PT, ha="left", va="top", weight="bold",
+                    color="#3b5d00")
     used: set[str] = set()
     for (topo, assign, name, _), (bx0, by0, _, _), (ox, oy) in zip(blocks, bounds, origins):
         used |= _draw_node(ax, topo, assign, name, colours, origin=(ox - bx0, oy - by0), scale=scale)
@@ -478,7 +495,7 @@ def draw_topology(topology: NodeTopology, path: str | Path, *, assignments: Assi
 
 
 def draw_cluster(nodes: Sequence[tuple[str, NodeTopology, Assignments]], path: str | Path,
-                 title: str | None = None) -> Path:
+                 title: str | None = None, domains: Sequence[str | None] | None = None) -> Path:
     """Draw several nodes packed tightly (in order, row by row), each with its assignments.
 
     Args:
@@ -486,6 +503,9 @@ def draw_cluster(nodes: Sequence[tuple[str, NodeTopology, Assignments]], path: s
             :func:`draw_topology`. A label has the same colour on every node.
         path: output file (``.png`` or ``.svg``).
         title: picture title.
+        domains: the NVLink domain of each node (``ray.io/gpu-domain``; None: none): nodes of one
+            domain are drawn together in a frame labelled with it, domains in order of first
+            appearance, nodes without one last. None (or no node in a domain): no frames.
 
     Returns:
         The path written.
@@ -499,4 +519,4 @@ def draw_cluster(nodes: Sequence[tuple[str, NodeTopology, Assignments]], path: s
         raise VizError("draw_cluster needs at least one (name, topology, assignments) node")
     colours = holder_colours([str(label) for _, _, a in nodes for label in (a or {}).values()])
     blocks = [(topo, assign, name, SCALE_CLUSTER) for name, topo, assign in nodes]
-    return _figure(blocks, colours, p, title)
+    return _figure(blocks, colours, p, title, domain_groups(domains, len(nodes)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -37,7 +38,13 @@ def _parse(text: str | None, option: str, known, repeats: bool) -> set[int]:
 
 
 def plan_cmd(
-    topology: str = typer.Option(..., "--topology", "-t", help="catalog name, topology JSON file or capture file"),
+    topology: Optional[str] = typer.Option(None, "--topology", "-t", help="catalog name, topology JSON file or capture file"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="a cluster spec file (rayaccel.cluster/1 JSON: nodes, "
+                                          "NVLink domains, network levels): place a gang across its nodes"),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="with --cluster: workers of the gang (default 1)"),
+    strategy: str = typer.Option("pack", "--strategy", help="with --cluster: pack | spread | strict-pack"),
+    svg: Optional[Path] = typer.Option(None, "--svg", help="with --cluster: a picture of the gang on its domains' nodes"),
+    png: Optional[Path] = typer.Option(None, "--png", help="with --cluster: the same picture as PNG"),
     gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="whole devices (default 1, or as many as --required names; 0 with --mig or shared memory)"),
     busy: Optional[str] = typer.Option(None, "--busy", help="devices already in use, e.g. 0,3 or 4-7"),
     mig: Optional[str] = typer.Option(None, "--mig", help="one MIG instance of this profile, e.g. 3g.40gb"),
@@ -50,10 +57,26 @@ def plan_cmd(
     near: Optional[str] = typer.Option(None, "--near", help="devices holding the input data (soft preference), e.g. 3"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Show the best devices for a request on a machine, and why (or why not)."""
+    """Show the best devices for a request on a machine, and why (or why not); with --cluster, where a gang
+    of --workers x --gpus goes across nodes, NVLink domains and network levels."""
     from ..discovery.load import load_topology_with_warnings
     from ..placement import plan
 
+    if (topology is None) == (cluster is None):
+        fail("give exactly one of --topology (one machine) or --cluster (a cluster spec file)")
+    if cluster is not None:
+        given = [f for f, v in (("--busy", busy), ("--mig", mig), ("--gpu-memory", gpu_memory), ("--required", required),
+                                ("--near", near)) if v] + (["--shared"] if shared else [])
+        if given:
+            fail(f"{given[0]} is for one machine (--topology); with --cluster give busy devices in the spec file")
+        from .topo import check_picture_paths
+
+        check_picture_paths(svg, png)
+        _plan_cluster(cluster, workers if workers is not None else 1, 1 if gpus is None else gpus, strategy,
+                      interconnect, same_numa, nic, as_json, (svg, png))
+        return
+    if workers is not None or strategy != "pack" or svg is not None or png is not None:
+        fail("--workers, --strategy, --svg and --png place a gang across nodes: give --cluster")
     topo, warnings = load_topology_with_warnings(topology)
     for w in warnings:
         warn_line(w)
@@ -96,6 +119,73 @@ def plan_cmd(
             if off:
                 console.print(f"  (MIG mode is not known to be on for GPU {', '.join(map(str, off))}: "
                               "`nvidia-smi -i N -mig 1` first, with no processes on it)", markup=False)
+    if not result:
+        raise typer.Exit(1)
+
+
+#: Most nodes a ``plan --cluster`` picture draws (beyond: only the gang's own nodes).
+MAX_PICTURE_NODES = 40
+
+
+def _picture(spec, result, paths) -> None:
+    """Draw the nodes of the domains the gang uses (or only its nodes, when those are too many)."""
+    from .. import viz
+    from ..errors import RayaccelError
+    from ._common import err_console
+
+    used = {w.node for w in result.workers} if result else set()
+    doms = {pl.domain for st, pl in zip(spec.nodes, spec.places) if st.node_id in used}
+    show = [i for i, (st, pl) in enumerate(zip(spec.nodes, spec.places))
+            if st.node_id in used or (pl.domain is not None and pl.domain in doms)]
+    if not show or len(show) > MAX_PICTURE_NODES:
+        show = [i for i, st in enumerate(spec.nodes) if st.node_id in used][:MAX_PICTURE_NODES] or [0]
+    gang = {}
+    for w in (result.workers if result else ()):
+        gang.setdefault(w.node, {}).update({d: "this gang" for d in w.devices})
+    nodes = []
+    for i in show:
+        st = spec.nodes[i]
+        assign = {d: "busy" for d in st.busy}
+        assign.update(gang.get(st.node_id, {}))
+        nodes.append((st.node_id, st.topology, assign))
+    title = f"{len(result.workers)} x {result.workers[0].request.gpus} GPUs: {result.scope}" if result else "no placement"
+    for p, flag in zip(paths, ("--svg", "--png")):
+        if p is not None:
+            try:
+                written = viz.draw_cluster(nodes, p, title=title, domains=[spec.places[i].domain for i in show])
+            except RayaccelError as e:
+                fail(f"{flag} {e}")
+            err_console.print(f"wrote {written}", markup=False, highlight=False)
+
+
+def _plan_cluster(path: str, workers: int, gpus: int, strategy: str, interconnect: str, same_numa: bool, nic: bool,
+                  as_json: bool, pictures: tuple = (None, None)) -> None:
+    from rich.table import Table
+
+    from ..placement import place_gang
+    from ._common import plain
+    from .cluster_spec import domain_rows, load_cluster_spec
+
+    spec = load_cluster_spec(path)
+    for w in spec.warnings:
+        warn_line(w)
+    result = place_gang(list(spec.nodes), workers, gpus, strategy=strategy, interconnect=interconnect,
+                        places=list(spec.places), same_numa=same_numa, nic=nic)
+    rows = domain_rows(spec)
+    if any(p is not None for p in pictures):
+        _picture(spec, result, pictures)
+    if as_json:
+        print_json({**result.to_dict(), "domains": rows})
+    else:
+        t = Table(title="NVLink domains and network levels", title_justify="left")
+        for col in ("domain", "clique", "nodes", "free GPUs", "network levels"):
+            t.add_column(col)
+        for r in rows:
+            levels = "; ".join(f"{k}: {', '.join(v[:4])}{' ...' if len(v) > 4 else ''}" for k, v in r["levels"].items())
+            t.add_row(plain(r["domain"] or "(none)"), plain(", ".join(r["cliques"]) or "-"), str(r["nodes"]),
+                      f"{r['free_gpus']}/{r['gpus']}", plain(levels or "-"))
+        console.print(t)
+        console.print(result.explain(), markup=False)
     if not result:
         raise typer.Exit(1)
 

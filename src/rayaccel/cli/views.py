@@ -26,12 +26,61 @@ def _lock_line(lock: dict) -> str:
             f"({str(lock.get('what') or '?')[:100]}): every GPU grant on this node waits")
 
 
+def domain_groups(nodes: list[dict]) -> list[tuple[Text | None, list[dict]]]:
+    """Status rows grouped by NVLink domain (``ray.io/gpu-domain``), groups in order of first appearance,
+    nodes without a domain last; each group with a header line. No node in a domain: one group, no header."""
+    from ..ray.places import CLIQUE_LABEL, place_of
+
+    groups: dict[str | None, list[dict]] = {}
+    places = {}
+    for n in nodes:
+        pl = place_of(n.get("labels") or {}, f"node {n.get('node_key')}")
+        places[id(n)] = pl
+        groups.setdefault(pl.domain, []).append(n)
+    if list(groups) == [None]:
+        return [(None, nodes)]
+    out: list[tuple[Text | None, list[dict]]] = []
+    for dom in sorted(groups, key=lambda d: (d is None, list(groups).index(d))):
+        members = groups[dom]
+        free = sum(m["free"] for m in members)
+        total = sum(len(m["devices"]) for m in members)
+        cliques = sorted({str((m.get("labels") or {}).get(CLIQUE_LABEL)) for m in members
+                          if (m.get("labels") or {}).get(CLIQUE_LABEL)})
+        levels: dict[str, list[str]] = {}
+        for m in members:
+            for k, v in places[id(m)].levels:
+                if v not in levels.setdefault(k, []):
+                    levels[k].append(v)
+        head = f"NVLink domain {dom}" if dom is not None else "no NVLink domain"
+        if cliques:
+            head += f" (clique {', '.join(cliques)})"
+        head += f": {len(members)} node(s), {free}/{total} GPUs free"
+        if levels:
+            head += "; " + ", ".join(f"{k}={'/'.join(v[:3])}{'/...' if len(v) > 3 else ''}" for k, v in levels.items())
+        out.append((Text(head, style="bold"), members))
+    return out
+
+
 def status_tables(data: dict) -> list[Any]:
-    """One table per node, then lines for unusable and plain Ray nodes."""
+    """One table per node, grouped by NVLink domain, then lines for unusable and plain Ray nodes."""
     out: list[Any] = []
     if not data["nodes"] and not data["bad"]:
         out.append(Text("no rayaccel nodes in this cluster (start them with `rayaccel start`)"))
-    for n in data["nodes"]:
+    for head, members in domain_groups(data["nodes"]):
+        if head is not None:
+            out.append(head)
+        out.extend(_node_tables(members))
+    for b in data.get("bad", []):
+        out.append(Text(f"node {b['node_key']} (Ray node {b['node_id'][:12]}): unusable: {b['why']}", style="red"))
+    if data.get("unmanaged"):
+        out.append(Text(f"{len(data['unmanaged'])} plain Ray node(s) without rayaccel: "
+                        + ", ".join(x[:12] for x in data["unmanaged"]), style="dim"))
+    return out
+
+
+def _node_tables(nodes: list[dict]) -> list[Any]:
+    out: list[Any] = []
+    for n in nodes:
         title = Text(f"{n['name'] or n['node_key']} (node {n['node_id'][:12]}, key {n['node_key']}"
                      f"{', simulated' if n['simulated'] else ''}): {n['free']}/{len(n['devices'])} free")
         t = Table(title=title, title_justify="left")
@@ -63,11 +112,6 @@ def status_tables(data: dict) -> list[Any]:
             extra.append(_lock_line(n["lock"]))
         for line in extra:
             out.append(Text("  " + line, style="yellow"))
-    for b in data.get("bad", []):
-        out.append(Text(f"node {b['node_key']} (Ray node {b['node_id'][:12]}): unusable: {b['why']}", style="red"))
-    if data.get("unmanaged"):
-        out.append(Text(f"{len(data['unmanaged'])} plain Ray node(s) without rayaccel: "
-                        + ", ".join(x[:12] for x in data["unmanaged"]), style="dim"))
     return out
 
 
@@ -93,7 +137,20 @@ def top_frame(data: dict, topologies: dict | None = None) -> Any:
 
     topos = topologies if topologies is not None else {n.node_key: n.topology for n in view().nodes()}
     parts: list[Any] = [Text(f"rayaccel top  {time.strftime('%H:%M:%S')}  (q quits)", style="bold")]
-    for n in data["nodes"]:
+    for head, members in domain_groups(data["nodes"]):
+        if head is not None:
+            parts.append(head)
+        parts.extend(_top_tables(members, topos))
+    for b in data.get("bad", []):
+        parts.append(Text(f"node {b['node_key']}: unusable: {b['why']}", style="red"))
+    if data.get("unmanaged"):
+        parts.append(Text(f"{len(data['unmanaged'])} plain Ray node(s) without rayaccel", style="dim"))
+    return Group(*parts)
+
+
+def _top_tables(nodes: list[dict], topos: dict) -> list[Any]:
+    parts: list[Any] = []
+    for n in nodes:
         topo = topos.get(n["node_key"])
         worst = {}
         t = Table(title=Text(f"{n['name'] or n['node_key']}  key {n['node_key']}  {n['free']}/{len(n['devices'])} "
@@ -118,8 +175,4 @@ def top_frame(data: dict, topologies: dict | None = None) -> Any:
             parts.append(Text(f"  {n['unhooked_slots']:g} GPU slot(s) held without the hook", style="yellow"))
         if n.get("lock"):
             parts.append(Text("  " + _lock_line(n["lock"]), style="bold red"))
-    for b in data.get("bad", []):
-        parts.append(Text(f"node {b['node_key']}: unusable: {b['why']}", style="red"))
-    if data.get("unmanaged"):
-        parts.append(Text(f"{len(data['unmanaged'])} plain Ray node(s) without rayaccel", style="dim"))
-    return Group(*parts)
+    return parts

@@ -8,15 +8,8 @@ gets", then packing (partly used nodes first, then best fit), then criteria
 1-3; for single devices partly used nodes first, then first fit in the given
 order; ties go to the first node in the given order.
 
-:func:`place_gang` places N workers of k devices:
-
-* ``pack``: fill nodes: a worker goes to a node already used by the gang when
-  it fits there, else to the node that can hold the most remaining workers;
-* ``spread``: one worker per node where possible (the best node not used yet,
-  ties to the node with the most free devices), then round again;
-* ``strict-pack``: all N*k devices on one node (with ``interconnect="nvlink"``
-  in one NVLink domain), the node whose best N*k set scores best; the set is
-  then split into workers, each the best k-set left in it. Else a Rejection.
+:func:`place_gang` (gangs of workers, across NVLink domains and network levels) lives in
+:mod:`.gang` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -29,12 +22,14 @@ from typing import Sequence
 from ..errors import RequestError
 from ._live import LiveRanks
 from ._tiebreak import takes_straggler
-from .node import Decision, allocate, decide, materialize
+from .domains import NodePlace, as_places
+from .gang import STRATEGIES, place_gang  # re-exported: the gang entry point of the cluster placer
+from .node import Decision, decide, materialize
 from .request import Request, make_request
-from .result import Allocation, GangAllocation, Rejection
+from .result import Allocation, Rejection
 from .state import NodeState
 
-STRATEGIES = ("pack", "spread", "strict-pack")
+__all__ = ["STRATEGIES", "node_rank", "place", "place_gang"]
 _RESULTS: dict = {}  # request -> ({node state key id: rank int, -1 when rejected}, {key id: decision})
 _LIVE: dict = {}  # request -> LiveRanks of the node list it was last placed on
 _LIVE_LOCK = threading.Lock()
@@ -42,7 +37,8 @@ _IDLE: dict = {}  # (topology key, request) -> weakest-link rank of the best set
 _NO_RANK = -1
 
 
-def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) -> Allocation | Rejection:
+def place(nodes: Sequence[NodeState], request: Request | None = None, *,
+          places: Sequence[NodePlace | None] | None = None, **fields) -> Allocation | Rejection:
     """The best node and devices for ``request`` across ``nodes`` (``Allocation.node`` is set).
 
     Each node's answer is cached per (request, node state key), and the ranks
@@ -60,6 +56,11 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
     best interconnect (see :func:`node_rank`); the others are placed as if
     ``near`` were not given. ``near`` without ``near_node`` applies to every node
     that has those indices.
+
+    ``places`` (one :class:`~.domains.NodePlace` or None per node): among the nodes tied
+    at the best rank, the one in the fullest NVLink domain wins (the smallest share of its
+    domain's devices free, then the fewest free), so single-node work does not open a whole
+    free domain that a later gang needs. This costs one pass over ``nodes``, and only then.
 
     Raises:
         RequestError: an invalid request, ``nodes`` not a sequence of :class:`NodeState`,
@@ -101,6 +102,8 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
         if r > top or (r == top and holder < i):
             win = materialize(d) if isinstance(d, Decision) else d
             return win if win.node == nodes[holder].node_id else replace(win, node=nodes[holder].node_id)
+    if places is not None and top != _NO_RANK:
+        i = _fullest_domain(nodes, places, live, top, i)
     if top == _NO_RANK:
         kids = [_kid(st, nodes) for st in nodes]
         for kid, st in zip(kids, nodes):
@@ -114,6 +117,30 @@ def place(nodes: Sequence[NodeState], request: Request | None = None, **fields) 
     if isinstance(win, Decision):
         win = materialize(win)
     return win if win.node == st.node_id else replace(win, node=st.node_id)
+
+
+def _fullest_domain(nodes: Sequence[NodeState], places: Sequence[NodePlace | None], live: LiveRanks, top: int,
+                    first: int) -> int:
+    """The position, among those ranked ``top``, of the node in the fullest NVLink domain (ties: the first)."""
+    pl = as_places(places, len(nodes))
+    if not any(p.domain is not None for p in pl):
+        return first
+    with _LIVE_LOCK:
+        tied = sorted({j for j in live.heaps[top] if live.ranks[j] == top})
+    if len(tied) < 2:
+        return first
+    free: dict = {}
+    size: dict = {}
+    for j, st in enumerate(nodes):
+        k = ("domain", pl[j].domain) if pl[j].domain is not None else ("node", j)
+        free[k] = free.get(k, 0) + len(st.topology.devices) - len(st.taken())
+        size[k] = size.get(k, 0) + len(st.topology.devices)
+
+    def key(j: int) -> tuple:
+        k = ("domain", pl[j].domain) if pl[j].domain is not None else ("node", j)
+        return (free[k] / size[k] if size[k] else 1.0, free[k], j)
+
+    return min(tied, key=key)
 
 
 def _kid(st, nodes) -> int:
@@ -276,104 +303,3 @@ def _check_nodes(nodes) -> list[NodeState]:
         if not isinstance(n, NodeState):
             raise RequestError(f"nodes[{i}] is a {type(n).__name__}, expected a NodeState", "nodes")
     return out
-
-
-def place_gang(nodes: Sequence[NodeState], workers: int, gpus_per_worker: int, strategy: str = "pack",
-               interconnect: str = "any", **fields) -> GangAllocation | Rejection:
-    """Place ``workers`` workers of ``gpus_per_worker`` devices each (see module docstring).
-
-    Args:
-        nodes: node states. workers: N >= 1. gpus_per_worker: k >= 1.
-        strategy: ``pack``, ``spread`` or ``strict-pack``. interconnect: per worker.
-        **fields: other :class:`Request` fields applied to each worker (``same_numa``, ``nic``, ...).
-
-    Raises:
-        RequestError: bad strategy, counts or request fields.
-    """
-    if strategy not in STRATEGIES:
-        raise RequestError(f"unknown strategy {strategy!r}", "strategy", ", ".join(STRATEGIES))
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise RequestError(f"expected an int >= 1, got {workers!r}", "workers")
-    req = Request(gpus=gpus_per_worker, interconnect=interconnect, **fields)
-    if req.kind != "devices":
-        raise RequestError("gangs take whole devices", "gpus_per_worker", "an int >= 1")
-    states = {i: s for i, s in enumerate(_check_nodes(nodes))}
-    if not states:
-        return Rejection(("there are no nodes",), req)
-    if strategy == "strict-pack":
-        return _strict(states, workers, req)
-    out: list[Allocation] = []
-    used: list[int] = []
-    for w in range(workers):
-        pick = None
-        if strategy == "pack":
-            for i in reversed(used):
-                a = allocate(states[i], req)
-                if a:
-                    pick = (i, a)
-                    break
-            if pick is None:
-                pick = _best_new(states, req, set(used), workers - w, spread=False)
-        else:
-            pick = _best_new(states, req, set(used), 1, spread=True)
-            if pick is None:
-                pick = _best_new(states, req, set(), 1, spread=True)
-        if pick is None:
-            first = allocate(states[0], req)
-            why = first.reasons[0] if not first and first.reasons else "no node has room"
-            return Rejection((f"worker {w} of {workers} ({req.describe()}) fits on no node after placing {w}",
-                              f"e.g. node {states[0].node_id}: {why}"), req)
-        i, a = pick
-        out.append(a)
-        used.append(i)
-        states[i] = states[i].with_busy(a.devices)
-    return GangAllocation(tuple(out), strategy)
-
-
-def _best_new(states: dict, req: Request, exclude: set, want: int, spread: bool):
-    best = None
-    best_key = None
-    for i, st in states.items():
-        if i in exclude:
-            continue
-        a = allocate(st, req)
-        if not a:
-            continue
-        free = len(st.topology.devices) - len(st.taken())
-        fits = min(free // req.gpus, want)
-        key = (a.score.key(), free) if spread else (fits, a.score.key(), -free)
-        if best_key is None or key > best_key:
-            best, best_key = (i, a), key
-    return best
-
-
-def _strict(states: dict, workers: int, req: Request) -> GangAllocation | Rejection:
-    total = Request(gpus=workers * req.gpus, interconnect=req.interconnect, vendor=req.vendor, model=req.model,
-                    gpu_memory=req.gpu_memory)
-    best = None
-    for i, st in states.items():
-        a = allocate(st, total)
-        if not a:
-            continue
-        free = len(st.topology.devices) - len(st.taken())
-        key = (a.score.key(), -free)
-        if best is None or key > best[0]:
-            best = (key, i, a)
-    if best is None:
-        r = allocate(states[0], total)
-        why = r.reasons[0] if not r else ""
-        where = "one NVLink domain of one node" if req.interconnect == "nvlink" else "one node"
-        return Rejection((f"no {where} has {workers * req.gpus} free devices for {workers} x {req.gpus}",
-                          f"e.g. node {states[0].node_id}: {why}"), req)
-    _, i, union = best
-    st = states[i]
-    others = frozenset(d.index for d in st.topology.devices) - frozenset(union.devices)
-    cur = NodeState(st.topology, st.busy | others, st.busy_partitions, st.memory_used, st.node_id)
-    out = []
-    for w in range(workers):
-        a = allocate(cur, req)
-        if not a:  # per-worker extras (same_numa, nic) cannot be met inside the union
-            return Rejection((f"worker {w}: {a.reasons[0]}",), req)
-        out.append(a)
-        cur = cur.with_busy(a.devices)
-    return GangAllocation(tuple(out), "strict-pack")

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RequestError, Unsatisfiable
+from ..placement import Rejection, allocate, place
 from ..placement.pools import gpu_pool, mig_resource
 from .names import LABEL_PREFIX, NODE_KEY_LABEL
+from .places import place_of
 from .view import NodeView, claims, node_state, view
 
 #: Ray's resource precision (``num_gpus`` is kept to 4 decimals).
@@ -90,8 +92,6 @@ _IDLE: dict = {}
 
 def _idle_fit(n: NodeView, request: Any) -> Any:
     """The request's placement on the node when idle (cached per record and request)."""
-    from ..placement import Rejection, allocate
-
     key = (id(n.record), request)
     hit = _IDLE.get(key)
     if hit is None:
@@ -123,8 +123,6 @@ def plan(request: Any) -> Claim:
         Unsatisfiable: no node could ever meet the request.
         ClusterError: not connected to Ray.
     """
-    from ..placement import place
-
     nodes = view().nodes()
     feasible = []
     reasons = []
@@ -144,7 +142,8 @@ def plan(request: Any) -> Claim:
                                 "rayaccel.init(); plain `ray start` nodes are not managed)" + extra)
         raise Unsatisfiable(f"no node can ever satisfy {request.describe()}: " + " | ".join(reasons))
     c = claims()
-    alloc = place([node_state(n, c) for n in feasible], request)
+    alloc = place([node_state(n, c) for n in feasible], request,
+                  places=[place_of(n.labels, n.node_key) for n in feasible])
     pinned = None
     devices: tuple[int, ...] = ()
     kind = request.kind

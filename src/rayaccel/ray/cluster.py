@@ -67,15 +67,20 @@ class SimulatedCluster:
             rayaccel), e.g. to compare with Ray's own device choice on the same cluster.
         env: extra environment variables for every node's raylet (and workers).
         metrics_export_port: the head's Prometheus endpoint port (None: Ray picks one).
+        labels: extra Ray labels per node, in the order of ``topologies`` (None or a shorter
+            list: none for the rest), e.g. ``ray.io/gpu-domain`` for trays of one NVLink domain
+            (:func:`rayaccel.ray.places.place_labels`). They override rayaccel's own labels.
         ray_init_kwargs: passed to ``ray.init`` when connecting.
 
     Raises:
-        ClusterError: no topology given, or Ray already initialised in this process.
+        ClusterError: no topology given, more label sets than nodes or a label set that is not
+            a mapping of strings, or Ray already initialised in this process.
     """
 
     def __init__(self, topologies: Sequence[NodeTopology | str], *, num_cpus: int = 4, connect: bool = True,
                  object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
-                 metrics_export_port: int | None = None, **ray_init_kwargs: Any):
+                 metrics_export_port: int | None = None, labels: Sequence[dict | None] | None = None,
+                 **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -84,6 +89,7 @@ class SimulatedCluster:
         if connect and ray.is_initialized():
             raise ClusterError("Ray is already initialised in this process; call rayaccel.shutdown() first")
         topos = [resolve_topology(t) for t in topologies]  # bad names fail before anything is made
+        extra = _check_labels(labels, len(topos))
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self._own_tmp = "RAY_TMPDIR" not in os.environ
@@ -96,7 +102,7 @@ class SimulatedCluster:
         self._cluster = None
         plain = set(plain)
         try:
-            args, key, d = self._node_args(topos[0], 0 in plain)
+            args, key, d = self._node_args(topos[0], 0 in plain, extra[0])
             args.update(temp_dir=self.temp_dir, include_dashboard=False)
             if metrics_export_port is not None:
                 args["metrics_export_port"] = metrics_export_port
@@ -104,7 +110,7 @@ class SimulatedCluster:
             hn = self._cluster.head_node
             self.nodes.append(SimNode(hn.node_id, key, topos[0], hn, d))
             for i, t in enumerate(topos[1:], start=1):
-                self._add(t, i in plain)
+                self._add(t, i in plain, extra[i])
             self._cluster.wait_for_nodes()
             if connect:
                 ray.init(address=self._cluster.address, **ray_init_kwargs)
@@ -116,20 +122,23 @@ class SimulatedCluster:
             raise
 
     # ----------------------------------------------------------------- nodes
-    def _node_args(self, topo: NodeTopology, plain: bool) -> tuple[dict, str | None, Path | None]:
+    def _node_args(self, topo: NodeTopology, plain: bool, labels: dict | None = None
+                   ) -> tuple[dict, str | None, Path | None]:
         base = {"num_cpus": self.num_cpus, "object_store_memory": self.object_store_memory}
         if plain:
             base.update(num_gpus=len(gpu_pool(topo)), env_vars=dict(self.env) or None)
+            if labels:
+                base["labels"] = dict(labels)
             return base, None, None
         record, d = prepare(topo, simulated=True)
         num_gpus, res = node_resources(topo, record.node_key)
         env = {**self.env, **node_env(topo, record.node_key, d)}
         base.update(num_gpus=num_gpus, resources=res, env_vars=env,
-                    labels=node_labels(topo, record.node_key, simulated=True))
+                    labels={**node_labels(topo, record.node_key, simulated=True), **(labels or {})})
         return base, record.node_key, d
 
-    def _add(self, topo: NodeTopology, plain: bool = False) -> SimNode:
-        args, key, d = self._node_args(topo, plain)
+    def _add(self, topo: NodeTopology, plain: bool = False, labels: dict | None = None) -> SimNode:
+        args, key, d = self._node_args(topo, plain, labels)
         handle = self._cluster.add_node(**args)
         node = SimNode(handle.node_id, key, topo, handle, d)
         self.nodes.append(node)
@@ -169,9 +178,9 @@ class SimulatedCluster:
                     return n
         raise ClusterError(f"no node {node_id_or_index!r} (nodes: {self.node_ids})")
 
-    def add_node(self, topology: NodeTopology | str, *, plain: bool = False) -> str:
-        """Start one more node with ``topology``; return its Ray node id."""
-        node = self._add(resolve_topology(topology), plain)
+    def add_node(self, topology: NodeTopology | str, *, plain: bool = False, labels: dict | None = None) -> str:
+        """Start one more node with ``topology`` (and extra Ray ``labels``); return its Ray node id."""
+        node = self._add(resolve_topology(topology), plain, _check_labels([labels], 1)[0])
         self._cluster.wait_for_nodes()
         if self._connected:
             self._publish(node)
@@ -229,3 +238,20 @@ class SimulatedCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def _check_labels(labels: Sequence[dict | None] | None, n: int) -> list[dict | None]:
+    """One label set (or None) per node; Ray validates the keys and values themselves."""
+    if labels is None:
+        return [None] * n
+    if isinstance(labels, (str, bytes, dict)) or not isinstance(labels, Sequence):
+        raise ClusterError(f"labels: expected one mapping (or None) per node, got {type(labels).__name__}")
+    if len(labels) > n:
+        raise ClusterError(f"labels: {len(labels)} label sets for {n} node(s)")
+    out: list[dict | None] = []
+    for i, m in enumerate(labels):
+        if m is not None and (not isinstance(m, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                                  for k, v in m.items())):
+            raise ClusterError(f"labels[{i}]: expected a mapping of strings to strings, got {m!r}"[:200])
+        out.append(dict(m) if m else None)
+    return out + [None] * (n - len(out))

@@ -7,92 +7,81 @@
 
 A gang is an ordinary Ray placement group of ``{"GPU": k}`` bundles (so Ray's ledger
 and autoscaler see it as GPU demand), each bundle pinned to the node
-:func:`rayaccel.placement.place_gang` chose by the node marker resource. On each
-node, the arbiter treats the group as one gang: its first worker reserves the best
-set for all of the group's GPUs there and hands the bundles their devices in ring
-order, so rank ``i`` (bundle ``i``) sits next to rank ``i+1``. Workers are actors in
-the group. On the first :meth:`Gang.run` every worker calls
-``torch.distributed.init_process_group`` (NCCL on real GPUs, gloo on simulated
-nodes) with rank 0's node IP and a free port as the rendezvous; rank 0's store
+:func:`rayaccel.placement.place_gang` chose by the node marker resource. The placer
+reads each node's place from its Ray labels (:mod:`.places`: ``ray.io/gpu-domain``,
+``rayaccel.io/net-<level>``), so a gang that fits in one NVLink domain gets one, and a
+bigger one the lowest common network level. On each node, the arbiter treats the group
+as one gang: its first worker reserves the best set for all of the group's GPUs there
+and hands the bundles their devices in ring order, so rank ``i`` (bundle ``i``) sits
+next to rank ``i+1``. Workers are actors in the group. On the first :meth:`Gang.run`
+every worker calls ``torch.distributed.init_process_group`` (NCCL on real GPUs, gloo on
+simulated nodes) with rank 0's node IP and a free port as the rendezvous; rank 0's store
 listens on that node IP only.
+
+**A stale view never fails a gang.** The placer's view of free devices comes from the
+agents' snapshots (about once a second old), and work submitted just before the gang
+(an actor Ray has not granted yet) is in no count at all. So the plan is made on the
+snapshot capped by Ray's fresh ``GPU`` counts (:func:`live_state`), and while the group
+is pending the gang checks Ray's fresh counts: when a chosen node no longer has room for
+its bundles, it re-plans and re-creates the group on nodes that do (:data:`REPLAN_AFTER_S`).
+Measured on 4 simulated ``l40s-4x-pcie`` nodes, an actor (not yet granted) taking the node
+the placer would choose first while a 2 x 4 gang starts, 5 gangs each: hard pins on the
+snapshot alone ran 2 of 5 (the others timed out); the capped counts alone 3 of 5 (they do
+not see an actor Ray has not granted yet); re-planning alone 5 of 5 with 2-4 re-creations
+each (the snapshot is still stale at the first re-plan); both 5 of 5 with 0-1. Soft pins
+are not an option: a placement group bundle has no soft node affinity, and dropping the
+pins hands the node choice (domains, packing) back to Ray's PACK.
+
+**Teardown** (:meth:`Gang.shutdown`): every rank passes a barrier, the other ranks destroy
+their process group before rank 0, whose TCPStore (which owns the listening socket
+handed to it) goes last; only then are the actors killed and the group removed, which
+frees the devices at once. Closing the store's socket under it is what made every exit
+abort ("Unexpected poll revent on the master's listening socket", SIGABRT).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-import socket
+import math
+import time
 import uuid
 from typing import Any, Callable
 
 from ..errors import ClusterError, RequestError, Unsatisfiable
+from ..placement import place_gang
+from ..placement.pools import gpu_pool
+from .names import NODE_PIN, node_resource
+from .places import place_of
+from .tasks import REQUEST_FIELDS
+from .view import claims, node_state, view
+from .gang_worker import GangWorker
 
 log = logging.getLogger(__name__)
 _WORKER_CLS: Any = None
+#: How long a gang's placement group may stay pending before the gang checks Ray's fresh counts for
+#: whether its nodes were taken meanwhile (then it re-plans), seconds; the wait doubles up to REPLAN_MAX_S.
+REPLAN_AFTER_S = 0.5
+REPLAN_MAX_S = 4.0
+#: How long the teardown waits for each step (barrier, process-group destruction), seconds.
+TEARDOWN_S = 30.0
 
 
-class _GangWorker:
-    """One gang member (an actor; see :func:`_worker_cls`)."""
+def live_state(n: Any, c: Any = None) -> Any:
+    """The node's :class:`~rayaccel.placement.NodeState` (:func:`.view.node_state`) with no more free
+    devices than Ray's fresh ``GPU`` count allows.
 
-    def __init__(self, name: str, rank: int):
-        from .worker import get_devices
-
-        self.rank = rank
-        self.name = name
-        self.assignment = get_devices()
-        self.dist = False
-
-    def rendezvous(self) -> tuple[str, int]:
-        """(node IP, port) of a listening socket bound to this node's IP only; the store serves on it."""
-        import ray
-
-        addr = ray.util.get_node_ip_address()
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_STREAM)
-        s.bind((addr, 0))
-        s.listen(128)
-        self._listen = s
-        return addr, s.getsockname()[1]
-
-    def devices(self) -> tuple:
-        return self.assignment.indices
-
-    def store_address(self) -> tuple | None:
-        """(host, port) rank 0's rendezvous store listens on (None on other ranks)."""
-        listen = getattr(self, "_listen", None)
-        return listen.getsockname()[:2] if listen is not None else None
-
-    def init_dist(self, world: int, addr: str, port: int, backend: str, timeout_s: float) -> int:
-        import datetime
-        import os
-
-        import torch.distributed as dist
-
-        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(self.rank),
-                          WORLD_SIZE=str(world), LOCAL_RANK="0")
-        # rank 0's store serves on the socket rendezvous() bound to this node's IP, not on every interface
-        fd = None
-        if self.rank == 0:
-            fd = self._listen.fileno()
-        store = dist.TCPStore(addr, port, world, self.rank == 0, timeout=datetime.timedelta(seconds=timeout_s),
-                              master_listen_fd=fd, use_libuv=False if fd is not None else True)
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        self.dist = True
-        return self.rank
-
-    def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
-        return fn(*args, **kwargs)
-
-    def close(self) -> None:
-        listen = getattr(self, "_listen", None)
-        if listen is not None:
-            listen.close()
-            self._listen = None
-        if self.dist:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-            self.dist = False
+    The agent's snapshot may be up to a second old; Ray's available count is fresh. When the
+    count is lower, which devices were taken is not known until the snapshot catches up: the
+    placer keeps the lowest-index free ones (a gang's bundles need counts; the node's arbiter
+    chooses the devices at the grant).
+    """
+    st = node_state(n, c)
+    free = sorted(set(gpu_pool(st.topology)) - st.taken())
+    allowed = max(0, math.floor(n.gpus_available + 1e-6))
+    if len(free) <= allowed:
+        return st
+    return st.with_busy(free[allowed:])
 
 
 def _worker_cls() -> Any:
@@ -100,7 +89,7 @@ def _worker_cls() -> Any:
     if _WORKER_CLS is None:
         import ray
 
-        _WORKER_CLS = ray.remote(_GangWorker)
+        _WORKER_CLS = ray.remote(GangWorker)
     return _WORKER_CLS
 
 
@@ -108,21 +97,20 @@ class Gang:
     """A reserved group of workers (see module docstring). Use :func:`gang` to make one.
 
     Attributes:
-        allocation: the :class:`~rayaccel.placement.GangAllocation` the placer expected (rank order).
+        allocation: the :class:`~rayaccel.placement.gang.GangPlacement` the placer expected (rank
+            order; ``allocation.explain()`` says which node, domain or network level decided).
         placement_group: the Ray placement group. workers: actor handles, rank order.
-        backend: ``"nccl"`` or ``"gloo"``.
+        nodes: the :class:`~.view.NodeView` of each rank. backend: ``"nccl"`` or ``"gloo"``.
+        replans: how often the pending group was re-created on fresher counts.
     """
 
     def __init__(self, workers: int, gpus_per_worker: int, strategy: str = "pack", interconnect: str = "any",
                  *, backend: str | None = None, timeout_s: float = 60.0, name: str = "gang", **fields: Any):
+
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from ..placement import place_gang
-        from .names import NODE_PIN, node_resource
-        from .tasks import REQUEST_FIELDS
-        from .view import claims, node_state, view
 
         unknown = sorted(set(fields) - set(REQUEST_FIELDS) - {"gpus"})
         if unknown or "gpus" in fields:
@@ -134,36 +122,38 @@ class Gang:
             raise RequestError(f"expected a number of seconds > 0, got {timeout_s!r}", "timeout_s")
         if backend not in (None, "nccl", "gloo"):
             raise RequestError(f"unknown torch.distributed backend {backend!r}", "backend", "None (auto), nccl, gloo")
-        nodes = view().nodes(fresh=True)
-        if not nodes:
-            raise Unsatisfiable("the cluster has no usable rayaccel nodes (start them with `rayaccel start` or "
-                                "rayaccel.init())")
-        c = claims()
-        ga = place_gang([node_state(n, c) for n in nodes], workers, gpus_per_worker,
-                        strategy=strategy, interconnect=interconnect, **fields)
-        if not ga:
-            idle = place_gang([node_state(n, idle=True) for n in nodes], workers, gpus_per_worker,
-                              strategy=strategy, interconnect=interconnect, **fields)
-            if not idle:
-                raise Unsatisfiable(f"no placement can ever hold {workers} workers x {gpus_per_worker} devices "
-                                    f"({strategy}): " + "; ".join(idle.reasons))
-            ga = idle  # wait for these nodes: the placement group queues until their devices are free
-        by_id = {n.node_id: n for n in nodes}
-        self.allocation = ga
+        self._ask = (workers, gpus_per_worker, strategy, interconnect, fields)
         self.name = name
         self.timeout_s = timeout_s
-        self.nodes = [by_id[a.node] for a in ga.workers]
-        self.bundles = [{"GPU": float(gpus_per_worker), node_resource(n.node_key): NODE_PIN} for n in self.nodes]
-        one_node = len({n.node_id for n in self.nodes}) == 1
-        self.placement_group = placement_group(self.bundles, strategy="STRICT_PACK" if one_node else "PACK",
-                                               name=f"rayaccel-gang-{name}-{uuid.uuid4().hex[:8]}")
+        self.replans = 0
         self.workers = []
+        deadline = time.monotonic() + timeout_s
+        ga, nodes = self._plan(idle_ok=True)
+        self._reserve(ga, nodes)
         try:
-            ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
-            if not ready:
-                raise ClusterError(f"gang {name!r}: the placement group was not granted within {timeout_s:.0f} s "
-                                   f"(devices still held by other work)")
-            for n, a in zip(self.nodes, ga.workers):
+            wait_s = REPLAN_AFTER_S
+            while True:
+                left = deadline - time.monotonic()
+                ready, _ = ray.wait([self.placement_group.ready()], timeout=max(0.0, min(wait_s, left)))
+                if ready:
+                    break
+                if left <= wait_s:
+                    raise ClusterError(f"gang {name!r}: the placement group was not granted within "
+                                       f"{timeout_s:.0f} s (devices still held by other work)")
+                wait_s = min(wait_s * 2, REPLAN_MAX_S)
+                if self._taken():
+                    if ray.wait([self.placement_group.ready()], timeout=0)[0]:
+                        break  # granted meanwhile: the "taken" devices are this group's own reservation
+                    fresh = self._plan(idle_ok=False)
+                    # re-create only on other nodes: the same ones again mean the view has not caught up yet
+                    if fresh is not None and sorted(a.node for a in fresh[0].workers) != sorted(
+                            n.node_id for n in self.nodes):
+                        remove_placement_group(self.placement_group)
+                        self.replans += 1
+                        self._reserve(*fresh)
+                        wait_s = REPLAN_AFTER_S
+            c = claims()
+            for n, a in zip(self.nodes, self.allocation.workers):
                 c.add(n.node_id, tuple(a.devices), float(gpus_per_worker))
             self.backend = backend or ("gloo" if any(n.record.simulated for n in self.nodes) else "nccl")
             cls = _worker_cls()
@@ -180,6 +170,61 @@ class Gang:
         self._dist_ready = False
         self._closed = False
 
+    def _plan(self, idle_ok: bool) -> tuple | None:
+        """(placement, its nodes) on the live state; with ``idle_ok`` a placement to wait for when none fits
+        now (None without it).
+
+        Raises:
+            Unsatisfiable: no usable node, or no placement could ever hold the gang.
+        """
+
+        workers, k, strategy, interconnect, fields = self._ask
+        nodes = view().nodes(fresh=True)
+        if not nodes:
+            raise Unsatisfiable("the cluster has no usable rayaccel nodes (start them with `rayaccel start` or "
+                                "rayaccel.init())")
+        places = [place_of(n.labels, f"node {n.node_key}") for n in nodes]
+        c = claims()
+        ga = place_gang([live_state(n, c) for n in nodes], workers, k, strategy=strategy,
+                        interconnect=interconnect, places=places, **fields)
+        if ga:
+            return ga, nodes
+        if not idle_ok:
+            return None
+        idle = place_gang([node_state(n, idle=True) for n in nodes], workers, k, strategy=strategy,
+                          interconnect=interconnect, places=places, **fields)
+        if not idle:
+            raise Unsatisfiable(f"no placement can ever hold {workers} workers x {k} devices "
+                                f"({strategy}): " + "; ".join(idle.reasons))
+        return idle, nodes  # wait for these nodes: the placement group queues until their devices are free
+
+    def _reserve(self, ga: Any, nodes: list) -> None:
+        """Create the placement group for ``ga``: one ``{"GPU": k}`` bundle per worker, pinned to its node."""
+
+        from ray.util.placement_group import placement_group
+
+
+        k = self._ask[1]
+        by_id = {n.node_id: n for n in nodes}
+        self.allocation = ga
+        self.nodes = [by_id[a.node] for a in ga.workers]
+        # Hard node pins: a bundle has no soft node affinity, and without a pin Ray's PACK would choose the
+        # nodes (no domains, no packing). A pin gone stale is re-planned while the group is pending.
+        self.bundles = [{"GPU": float(k), node_resource(n.node_key): NODE_PIN} for n in self.nodes]
+        one_node = len({n.node_id for n in self.nodes}) == 1
+        self.placement_group = placement_group(self.bundles, strategy="STRICT_PACK" if one_node else "PACK",
+                                               name=f"rayaccel-gang-{self.name}-{uuid.uuid4().hex[:8]}")
+
+    def _taken(self) -> bool:
+        """True when Ray's fresh counts say a chosen node no longer has room for its bundles (or is gone)."""
+        from collections import Counter
+
+
+        now = {n.node_id: n for n in view().nodes(fresh=True)}
+        need = Counter(n.node_id for n in self.nodes)
+        k = float(self._ask[1])
+        return any(nid not in now or now[nid].gpus_available + 1e-6 < cnt * k for nid, cnt in need.items())
+
     def devices(self) -> list[tuple[int, ...]]:
         """The devices each worker holds, rank order (as the nodes' arbiters chose them)."""
         import ray
@@ -192,7 +237,6 @@ class Gang:
         return len(self.workers)
 
     def _init_dist(self) -> None:
-        import importlib.util
 
         import ray
 
@@ -233,7 +277,12 @@ class Gang:
         return [w.run.remote(fn, args, kwargs) for w in self.workers]
 
     def shutdown(self) -> None:
-        """Tear down torch.distributed, kill the workers and free the placement group (idempotent)."""
+        """Tear torch.distributed down cleanly, kill the workers and free the placement group (idempotent).
+
+        Order: a barrier on every rank; ranks 1.. destroy their process group, then rank 0
+        (whose store served them); then the actors are killed and the group removed, so the
+        devices are free at once. A rank that fails a step is killed like the others.
+        """
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -242,7 +291,9 @@ class Gang:
         self._closed = True
         if self._dist_ready:
             try:
-                ray.get([w.close.remote() for w in self.workers], timeout=10)
+                ray.get([w.barrier.remote() for w in self.workers], timeout=TEARDOWN_S)
+                ray.get([w.close.remote() for w in self.workers[1:]], timeout=TEARDOWN_S)
+                ray.get(self.workers[0].close.remote(), timeout=TEARDOWN_S)
             except (ray.exceptions.RayError, TimeoutError) as e:  # a dead worker: killing below still frees it
                 log.warning("gang %s: closing torch.distributed failed: %s", self.name, e)
         for w in self.workers:

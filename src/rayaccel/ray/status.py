@@ -28,7 +28,8 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
     ``free``, ``devices`` (index, model, memory_bytes, state: free / busy / shared /
     mig / drained / failed -- :func:`rayaccel.arbiter.state.device_state`, holders, drain),
     ``holders``, ``unhooked_slots``, ``age_s`` (of the snapshot), ``agent`` (answered /
-    published / missing), ``lock`` (a node lock held for seconds: pid, what, held_s; or None).
+    published / missing), ``lock`` (a node lock held for seconds: pid, what, held_s; or None), ``labels`` (the node's Ray labels:
+    ``ray.io/gpu-domain``, network levels).
 
     Raises:
         ClusterError: not connected to Ray.
@@ -101,7 +102,7 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float) -> dict:
             "waiting": [h for h in holders if h["waiting"]],
             "age_s": round(now - snap.at, 3) if snap is not None and snap.at else None, "agent": source,
             "gpus_available": n.gpus_available, "health_events": list(health.get("events", []))[-10:],
-            "lock": lock}
+            "lock": lock, "labels": dict(n.labels)}
 
 
 def _holder_row(h: Any) -> dict:

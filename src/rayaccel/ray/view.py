@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..arbiter.state import Snapshot
@@ -46,6 +46,7 @@ class NodeView:
         node_id: Ray node id (hex). node_key: rayaccel key. record: its record.
         available: Ray's available resources. total: Ray's total resources.
         state: the agent's last :class:`~rayaccel.arbiter.state.Snapshot`, or None.
+        labels: the node's Ray labels (``ray.io/gpu-domain``, network levels, rayaccel's own).
     """
 
     node_id: str
@@ -54,6 +55,7 @@ class NodeView:
     available: Mapping[str, float]
     total: Mapping[str, float]
     state: Snapshot | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def topology(self) -> NodeTopology:
@@ -128,6 +130,7 @@ class ClusterView:
         self.ttl_s = ttl_s
         self._records: dict[str, NodeRecord] = {}
         self._totals: dict[str, dict] = {}
+        self._labels: dict[str, dict] = {}  # Ray node id -> labels (fixed at node start: read once per node)
         #: node key -> (why it cannot be used, Ray node id, when noticed)
         self.bad: dict[str, tuple[str, str, float]] = {}
         self.unmanaged: list[str] = []
@@ -155,6 +158,7 @@ class ClusterView:
             avail = rp.available_resources_per_node()
             if any(nid not in self._totals for nid in avail):
                 self._totals.update(rp.total_resources_per_node())
+                self._labels.update(_labels_per_node())
             found: list[tuple[str, str, dict]] = []
             unmanaged = []
             for node_id, res in avail.items():
@@ -185,7 +189,8 @@ class ClusterView:
                     state = parse_state(states.get(key), key)
                 except StateError as e:
                     self.bad[key] = (str(e), node_id, now)
-                nodes.append(NodeView(node_id, key, rec, res, self._totals.get(node_id, {}), state))
+                nodes.append(NodeView(node_id, key, rec, res, self._totals.get(node_id, {}), state,
+                                      self._labels.get(node_id, {})))
             alive_keys = {k for _, k, _ in found}
             for k in [k for k in self.bad if k not in alive_keys]:
                 del self.bad[k]
@@ -217,6 +222,13 @@ class ClusterView:
         self.bad.pop(key, None)
         self._records[key] = rec
         return rec
+
+
+def _labels_per_node() -> dict[str, dict]:
+    """Every alive node's Ray labels (one GCS request; ``ray.nodes()`` is public API)."""
+    import ray
+
+    return {n["NodeID"]: dict(n.get("Labels") or {}) for n in ray.nodes() if n.get("Alive")}
 
 
 def node_state(view: NodeView, claims: Claims | None = None, *, idle: bool = False) -> Any:
