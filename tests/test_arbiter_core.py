@@ -331,7 +331,7 @@ def test_the_agent_and_status_name_a_stuck_lock_holder(tmp_path, monkeypatch):
     assert snap.lock is not None and snap.lock.pid == holder.pid
 
     class NodeView:
-        node_id, node_key, topology, gpus_available = "n" * 12, KEY, topo, 8.0
+        node_id, node_key, topology, gpus_available, labels = "n" * 12, KEY, topo, 8.0, {}
         record = NodeRecord(KEY, topo, True)
 
     row = status._node_row(NodeView(), snap, "answered", time.time())

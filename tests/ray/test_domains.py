@@ -1,10 +1,10 @@
 """Gangs across NVLink domains in Ray, and gangs that hold under change (issue 14).
 
-One module cluster: four 4-GPU compute trays in two NVLink domains, interleaved -- trays
-0 and 2 in ``rack-a``, trays 1 and 3 in ``rack-b`` -- labelled as node start will label
-them (``ray.io/gpu-domain``, ``rayaccel.io/nvlink-clique``, a network level). Each tray is
-the catalog's ``gb200-nvl4`` (4 GB200s, NV18 between every pair) with its own hostname,
-standing in for ``gb200-nvl72-tray`` until that catalog machine is merged.
+One module cluster: four ``gb200-nvl72-tray`` compute trays of two racks, interleaved --
+trays 0 and 2 of rack 0, trays 1 and 3 of rack 1 (``catalog.rack``: one fabric cluster UUID
+and clique per rack). Nothing labels them by hand: node start reads each tray's NVLink
+domain from its GPUs' fabric and sets ``ray.io/gpu-domain`` and ``rayaccel.io/nvlink-clique``;
+only the network level (which a ``--network-topology`` file would give) is passed in.
 """
 
 from __future__ import annotations
@@ -12,27 +12,37 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import replace
 
 import pytest
 from raytest_helpers import wait_idle
 
-DOMAINS = ("rack-a", "rack-b", "rack-a", "rack-b")
+RACKS = (0, 1, 0, 1)
+
+
+def _trays():
+    from rayaccel import catalog
+
+    r0, r1 = (catalog.rack("gb200-nvl72-tray", trays=2, rack=r) for r in (0, 1))
+    return [r0[0], r1[0], r0[1], r1[1]]
+
+
+def _domains():
+    from rayaccel.topology import nvlink_domain
+
+    return tuple(nvlink_domain(t).name for t in _trays())
 
 
 @pytest.fixture(scope="module")
 def trays(ray_env):
     import ray
 
-    from rayaccel import catalog
     from rayaccel.ray.cluster import SimulatedCluster
     from rayaccel.ray.places import place_labels
 
     if ray.is_initialized():  # the session cluster's driver connection: this module brings its own cluster
         ray.shutdown()
-    tray = catalog.load("gb200-nvl4")
-    topos = [replace(tray, hostname=f"tray{i}") for i in range(4)]
-    labels = [place_labels(domain=d, clique=d[-1], levels={"block": "b0"}) for d in DOMAINS]
+    topos = _trays()
+    labels = [place_labels(levels={"block": "b0"}) for _ in topos]
     c = SimulatedCluster(topos, num_cpus=4, labels=labels, logging_level="ERROR", log_to_driver=False)
     try:
         yield c
@@ -58,9 +68,11 @@ def test_every_tray_carries_its_ray_gpu_domain_label(idle_trays):
     import ray
 
     labels = {n["NodeID"]: n["Labels"] for n in ray.nodes() if n["Alive"]}
+    domains = _domains()
+    assert domains[0] == domains[2] != domains[1] == domains[3]
     for i, n in enumerate(idle_trays.nodes):
-        assert labels[n.node_id]["ray.io/gpu-domain"] == DOMAINS[i]
-        assert labels[n.node_id]["rayaccel.io/nvlink-clique"] == DOMAINS[i][-1]
+        assert labels[n.node_id]["ray.io/gpu-domain"] == domains[i]
+        assert labels[n.node_id]["rayaccel.io/nvlink-clique"] == str(RACKS[i] + 1)
         assert labels[n.node_id]["rayaccel.io/net-block"] == "b0"
         assert labels[n.node_id]["rayaccel.io/node-key"] == n.node_key  # rayaccel's own labels are kept
 
@@ -102,11 +114,12 @@ def test_with_one_tray_busy_a_gang_takes_both_trays_of_the_other_domain(idle_tra
     import rayaccel
 
     domain_of = _domain_of(idle_trays)
+    domains = _domains()
     for busy, node in enumerate(idle_trays.nodes):
         hog = _hog(node.node_id)
         assert ray.get(hog.ping.remote(), timeout=60) == node.node_id
         with rayaccel.gang(workers=2, gpus_per_worker=4) as g:
-            other = "rack-b" if DOMAINS[busy] == "rack-a" else "rack-a"
+            other = domains[1] if domains[busy] == domains[0] else domains[0]
             assert [domain_of[n.node_id] for n in g.nodes] == [other, other]
             assert len({n.node_id for n in g.nodes}) == 2
             assert g.allocation.scope == "domain" and g.allocation.domain == other
