@@ -94,3 +94,36 @@ def overlaps(records):
             if longest is None or r[3] > longest[3]:
                 longest = r
     return bad
+
+
+def barrier(n: int):
+    """An actor that ``n`` tasks meet at (``meet(b)`` in each): they then hold their resources at once,
+    however slowly Ray starts their workers on a loaded machine."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Barrier:
+        def __init__(self):
+            self.count = 0
+
+        def arrive(self):
+            self.count += 1
+
+        def arrived(self):
+            return self.count
+
+    b = Barrier.remote()
+    b._n = n
+    return b
+
+
+def meet(b, n: int, timeout_s: float = 120.0) -> None:
+    """Arrive at barrier ``b`` and wait until ``n`` have (inside a task)."""
+    import time
+
+    import ray
+
+    ray.get(b.arrive.remote())
+    deadline = time.time() + timeout_s
+    while ray.get(b.arrived.remote()) < n and time.time() < deadline:
+        time.sleep(0.05)

@@ -15,7 +15,7 @@ import socket
 import time
 
 import pytest
-from raytest_helpers import link, wait_for
+from raytest_helpers import barrier, link, meet, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -66,17 +66,16 @@ def test_four_concurrent_two_gpu_tasks_get_four_disjoint_nv2_pairs(topo):
     import ray
 
     @ray.remote(num_gpus=2)
-    def tensor_parallel_step():
-        import time
-
+    def tensor_parallel_step(b):
         import rayaccel
 
         v = _views()
         v["get_devices"] = list(rayaccel.get_devices().indices)
-        time.sleep(1.0)  # all four hold their pair at once
+        meet(b, 4)  # all four hold their pair at once
         return v
 
-    got = ray.get([tensor_parallel_step.remote() for _ in range(4)])
+    b = barrier(4)
+    got = ray.get([tensor_parallel_step.remote(b) for _ in range(4)])
     pairs = [g["gpu_ids"] for g in got]
     assert sorted(d for p in pairs for d in p) == list(range(8))
     assert [link(topo, p) for p in pairs] == ["NV2"] * 4

@@ -93,11 +93,23 @@ def test_a_plain_driver_on_a_rayaccel_start_cluster_gets_nv2_pairs(two_clusters)
     code = textwrap.dedent("""
         import json, sys, time, ray
         ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+        @ray.remote(num_cpus=0)
+        class Barrier:  # all four hold their GPUs at once (a slow worker start must not serialize them)
+            def __init__(self):
+                self.n = 0
+            def arrive(self):
+                self.n += 1
+            def count(self):
+                return self.n
+        barrier = Barrier.remote()
         @ray.remote(num_gpus=2)
-        def step():
-            time.sleep(1.0)
+        def step(barrier):
+            ray.get(barrier.arrive.remote())
+            deadline = time.time() + 120
+            while ray.get(barrier.count.remote()) < 4 and time.time() < deadline:
+                time.sleep(0.05)
             return [int(i) for i in ray.get_gpu_ids()]
-        print(json.dumps(ray.get([step.remote() for _ in range(4)])))
+        print(json.dumps(ray.get([step.remote(barrier) for _ in range(4)])))
     """)
     r = subprocess.run([sys.executable, "-c", code, h["address"]], capture_output=True, text=True, timeout=180,
                        env=h["env"])
