@@ -9,6 +9,7 @@ Ray layer, the CLI) speaks these types.
 * :class:`Link`       how two devices are connected (``kind`` + lane ``count`` +
   the PCIe path class between them)
 * :class:`Nic`        a network interface and its PCIe path class to each device
+* :class:`Slice`      the multi-host slice a node belongs to (TPU pod slices)
 * :class:`NodeTopology` all of the above for one node, with JSON I/O
 
 Link bandwidths are *modeled* from one table (:data:`LANE_BANDWIDTH_GBPS` and
@@ -19,6 +20,7 @@ Link bandwidths are *modeled* from one table (:data:`LANE_BANDWIDTH_GBPS` and
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -27,8 +29,10 @@ from .errors import TopologyError
 
 SCHEMA = "rayaccel.topology/1"
 
-#: Direct device-to-device link kinds (each lane counted in ``Link.count``).
-DIRECT_KINDS = ("nvlink", "xgmi", "neuronlink")
+#: Direct device-to-device link kinds (each lane counted in ``Link.count``): NVIDIA NVLink,
+#: AMD Infinity Fabric (xGMI), AWS NeuronLink, Google TPU ICI, Huawei Ascend HCCS, and the
+#: RoCE ports Intel Gaudi integrates for its scale-up all-to-all (one lane = one port).
+DIRECT_KINDS = ("nvlink", "xgmi", "neuronlink", "ici", "hccs", "roce")
 #: All link kinds.
 LINK_KINDS = DIRECT_KINDS + ("pcie",)
 #: PCIe path classes, best first, as ``nvidia-smi topo -m`` names them.
@@ -39,11 +43,15 @@ HEALTH_STATES = ("ok", "degraded", "failed", "unknown")
 #: NVLink gens 2-4 run 25 GB/s per link per direction (V100: 6 links = 300 GB/s
 #: bidirectional; A100: 12 = 600; H100/H200: 18 = 900). One AMD Infinity Fabric
 #: (xGMI) link is 50 GB/s (ROCm MI250 architecture doc). A NeuronLink-v2 lane is
-#: modeled at 48 GB/s.
+#: modeled at 48 GB/s. A TPU ICI link is 100 GB/s (v5p: 1200 GB/s bidirectional per chip
+#: over 6 links; v6e: 800 GB/s over 4). An Ascend HCCS link is 28 GB/s (910B: 392 GB/s
+#: bidirectional per chip over 7 links). A Gaudi RoCE port is 12.5 GB/s (Gaudi 2: 100 Gb/s
+#: per port; docs.habana.ai "Network Configuration").
 #: This is the default; a link whose lanes are known to run faster or slower
 #: (NVLink5 on GB200: 50 GB/s; MI300X Infinity Fabric: 64 GB/s) carries its own
 #: per-lane figure in :attr:`Link.lane_gbps`.
-LANE_BANDWIDTH_GBPS: dict[str, float] = {"nvlink": 25.0, "xgmi": 50.0, "neuronlink": 48.0}
+LANE_BANDWIDTH_GBPS: dict[str, float] = {"nvlink": 25.0, "xgmi": 50.0, "neuronlink": 48.0, "ici": 100.0,
+                                         "hccs": 28.0, "roce": 12.5}
 
 #: Modeled per-direction peer-to-peer bandwidth over PCIe, by path class, GB/s
 #: (PCIe Gen4 x16 is ~32 GB/s per direction; ~80% is reached through one switch,
@@ -139,6 +147,11 @@ class Device:
         health: one of :data:`HEALTH_STATES`.
         mig_mode: True/False when known, else None.
         partitions: MIG instances present. mig_profiles: the MIG profile table.
+        cores: schedulable compute cores on the device when Ray counts cores rather than
+            devices (AWS NeuronCores, as ``neuron-ls`` counts them under the current
+            logical-core configuration), else None.
+        coords: the device's position ``(x, y, z)`` on its host's chip grid (TPU chips on
+            the ICI grid, as libtpu numbers them), or None.
     """
 
     index: int
@@ -154,6 +167,8 @@ class Device:
     mig_mode: bool | None = None
     partitions: tuple[Partition, ...] = ()
     mig_profiles: tuple[MigProfile, ...] = ()
+    cores: int | None = None
+    coords: tuple[int, ...] | None = None
 
     def profile(self, name: str) -> MigProfile | None:
         """The MIG profile called ``name`` (``+me`` variants included), or None."""
@@ -222,6 +237,10 @@ class Link:
             return f"XGMI{self.count}" if self.count and self.count > 1 else "XGMI"
         if self.kind == "neuronlink":
             return "NL"
+        if self.kind in ("ici", "hccs"):
+            return self.kind.upper()
+        if self.kind == "roce":
+            return f"RoCE{self.count}" if self.count else "RoCE"
         return self.pcie or "?"
 
 
@@ -257,6 +276,27 @@ class Nic:
         return name.lower().startswith(_RDMA_NIC_PREFIXES)
 
 
+#: A slice topology: chips per dimension, e.g. ``"2x2x4"`` (TPU v4/v5p) or ``"4x8"`` (v5e/v6e).
+_SLICE_SHAPE = re.compile(r"^[1-9][0-9]{0,4}(x[1-9][0-9]{0,4}){1,2}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """The multi-host slice a node is one host of (a TPU pod slice), as its metadata names it.
+
+    Attributes:
+        name: the slice's name (the TPU name / instance id; Ray's ``ray.io/tpu-slice-name``), or None.
+        worker_id: this host's index in the slice (``agent-worker-number``), or None.
+        topology: the slice's chip grid, e.g. ``"2x2x4"``, or None.
+        accelerator_type: the slice's type, e.g. ``"v4-32"`` (Ray's pod type), or None.
+    """
+
+    name: str | None = None
+    worker_id: int | None = None
+    topology: str | None = None
+    accelerator_type: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class NodeTopology:
     """Everything rayaccel knows about one node's accelerators.
@@ -273,6 +313,7 @@ class NodeTopology:
     driver: str | None = None
     name: str | None = None
     sources: tuple[str, ...] = ()
+    slice: Slice | None = None
     _link_index: dict = field(default=None, init=False, repr=False, compare=False, hash=False)  # type: ignore[assignment]
 
     # ----------------------------------------------------------------- queries
@@ -376,11 +417,18 @@ class NodeTopology:
         for i, src in enumerate(self.sources):
             _check_text(src, f"sources[{i}]", nullable=False)
         seen: set[int] = set()
+        coords_seen: dict[tuple[int, ...], int] = {}
         for i, d in enumerate(self.devices):
             _check_device(d, f"devices[{i}]")
             if d.index in seen:
                 raise TopologyError(f"duplicate device index {d.index}", f"devices[{i}].index")
             seen.add(d.index)
+            if d.coords is not None:
+                if d.coords in coords_seen:
+                    raise TopologyError(f"coordinates {list(d.coords)} also belong to device {coords_seen[d.coords]}",
+                                        f"devices[{i}].coords")
+                coords_seen[d.coords] = d.index
+        _check_slice(self.slice)
         pairs: set[tuple[int, int]] = set()
         for i, l in enumerate(self.links):
             where = f"links[{i}]"
@@ -436,6 +484,8 @@ class NodeTopology:
                  "paths": {str(dev): cls for dev, cls in n.paths}}
                 for n in self.nics
             ],
+            **({"slice": {"name": self.slice.name, "worker_id": self.slice.worker_id, "topology": self.slice.topology,
+                          "accelerator_type": self.slice.accelerator_type}} if self.slice is not None else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -465,6 +515,7 @@ class NodeTopology:
             driver=_get(data, "driver", str, "", default=None, nullable=True),
             name=_get(data, "name", str, "", default=None, nullable=True),
             sources=tuple(_get(data, "sources", list, "", default=[])),
+            slice=_slice_from_dict(data.get("slice")),
         )
         return topo.validate()
 
@@ -580,6 +631,12 @@ def _check_device(d: Device, where: str) -> None:
         _check_len(d.cpus, MAX_INDEX, f"{where}.cpus")
         for k, c in enumerate(d.cpus):
             _check_int(c, f"{where}.cpus[{k}]", 0, MAX_INDEX - 1)
+    _check_int(d.cores, f"{where}.cores", 1, MAX_ITEMS, nullable=True)
+    if d.coords is not None:
+        if not isinstance(d.coords, tuple) or not 1 <= len(d.coords) <= 3:
+            raise TopologyError(f"expected 1 to 3 ints (x, y, z), got {_short(d.coords)}", f"{where}.coords")
+        for k, c in enumerate(d.coords):
+            _check_int(c, f"{where}.coords[{k}]", 0, MAX_INDEX - 1)
     _check_len(d.partitions, MAX_ITEMS, f"{where}.partitions")
     _check_len(d.mig_profiles, MAX_ITEMS, f"{where}.mig_profiles")
     for j, p in enumerate(d.partitions):
@@ -625,6 +682,9 @@ def _device_to_dict(d: Device) -> dict[str, Any]:
              "placements": list(m.placements), "slots": m.slots, "sms": m.sms}
             for m in d.mig_profiles
         ],
+        # written only when known, so files of machines without them stay as they were
+        **({"cores": d.cores} if d.cores is not None else {}),
+        **({"coords": list(d.coords)} if d.coords is not None else {}),
     }
 
 
@@ -638,6 +698,7 @@ def _device_from_dict(d: Any, where: str) -> Device:
     if not isinstance(d, Mapping):
         raise TopologyError("expected an object", where)
     cpus = d.get("cpus")
+    coords = d.get("coords")
     dev = Device(
         index=_get(d, "index", int, where),
         vendor=_get(d, "vendor", str, where, default="nvidia"),
@@ -658,6 +719,8 @@ def _device_from_dict(d: Any, where: str) -> Device:
             _profile_from_dict(p, f"{where}.mig_profiles[{j}]")
             for j, p in enumerate(_get(d, "mig_profiles", list, where, default=[]))
         ),
+        cores=_get(d, "cores", int, where, default=None, nullable=True),
+        coords=None if coords is None else _int_list(coords, f"{where}.coords"),
     )
     _check_device(dev, where)
     return dev
@@ -736,6 +799,32 @@ def _nic_from_dict(n: Any, where: str) -> Nic:
         numa_node=_get(n, "numa_node", int, where, default=None, nullable=True),
         paths=tuple(sorted(items)),
         rdma=_get(n, "rdma", bool, where, default=Nic.guess_rdma(name)),
+    )
+
+
+def _check_slice(sl: Any) -> None:
+    if sl is None:
+        return
+    if not isinstance(sl, Slice):
+        raise TopologyError(f"expected a Slice or null, got {type(sl).__name__}", "slice")
+    _check_text(sl.name, "slice.name")
+    _check_text(sl.accelerator_type, "slice.accelerator_type")
+    _check_int(sl.worker_id, "slice.worker_id", 0, MAX_INDEX - 1, nullable=True)
+    if sl.topology is not None and (not isinstance(sl.topology, str) or not _SLICE_SHAPE.match(sl.topology)):
+        raise TopologyError(f"expected chips per dimension such as '2x2x4' or '4x8', got {_short(sl.topology)}",
+                            "slice.topology")
+
+
+def _slice_from_dict(v: Any) -> Slice | None:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise TopologyError("expected an object or null", "slice")
+    return Slice(
+        name=_get(v, "name", str, "slice", default=None, nullable=True),
+        worker_id=_get(v, "worker_id", int, "slice", default=None, nullable=True),
+        topology=_get(v, "topology", str, "slice", default=None, nullable=True),
+        accelerator_type=_get(v, "accelerator_type", str, "slice", default=None, nullable=True),
     )
 
 

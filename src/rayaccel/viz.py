@@ -43,8 +43,10 @@ __all__ = ["SUFFIXES", "OutputPathError", "check_output_dir", "check_output_file
            "holder_colours"]
 
 
-KIND_COLOURS = {"nvlink": "#76b900", "xgmi": "#d6202a", "neuronlink": "#ff9900"}
-KIND_NAMES = {"nvlink": "NVLink", "xgmi": "xGMI (Infinity Fabric)", "neuronlink": "NeuronLink"}
+KIND_COLOURS = {"nvlink": "#76b900", "xgmi": "#d6202a", "neuronlink": "#ff9900", "ici": "#4285f4", "hccs": "#c7000b",
+                "roce": "#0071c5"}
+KIND_NAMES = {"nvlink": "NVLink", "xgmi": "xGMI (Infinity Fabric)", "neuronlink": "NeuronLink", "ici": "TPU ICI",
+              "hccs": "HCCS", "roce": "RoCE (Gaudi scale-up)"}
 PCIE_STYLE = {  # class -> (linestyle, width, alpha)
     "PIX": ("-", 1.6, 0.9),
     "PXB": ("--", 1.3, 0.8),

@@ -30,8 +30,11 @@ from ._common import console, err_console, fail, na, plain, print_json, warn_lin
 MATRIX_MAX_DEVICES = 16
 
 _PCIE_STYLE = {"PIX": "bold cyan", "PXB": "cyan", "PHB": "yellow", "NODE": "dark_orange", "SYS": "red"}
-_KIND_STYLE = {"nvlink": "green", "xgmi": "magenta", "neuronlink": "dark_orange3"}
-_KIND_NAME = {"nvlink": "NVLink", "xgmi": "xGMI", "neuronlink": "NeuronLink"}
+_KIND_STYLE = {"nvlink": "green", "xgmi": "magenta", "neuronlink": "dark_orange3", "ici": "blue", "hccs": "red",
+               "roce": "cyan"}
+_KIND_NAME = {"nvlink": "NVLink", "xgmi": "xGMI", "neuronlink": "NeuronLink", "ici": "TPU ICI", "hccs": "HCCS",
+              "roce": "RoCE scale-up"}
+_KIND_ABBR = {"nvlink": "NV#", "xgmi": "XGMI#", "neuronlink": "NL", "ici": "ICI", "hccs": "HCCS", "roce": "RoCE#"}
 _DEVICE_WORD = {"aws": "Neuron devices", "amd": "GPUs", "nvidia": "GPUs"}
 
 
@@ -245,7 +248,7 @@ def render(topo: NodeTopology, title: str | None = None) -> None:
     legend = Text("legend: ", style="dim")
     for kind, style in _KIND_STYLE.items():
         if any(l.kind == kind for l in topo.links):
-            legend.append(f"{'NV#' if kind == 'nvlink' else ('XGMI#' if kind == 'xgmi' else 'NL')} ", style=style)
+            legend.append(f"{_KIND_ABBR[kind]} ", style=style)
             legend.append(f"= {_KIND_NAME[kind]} (# lanes)  ", style="dim")
     for cls in PCIE_CLASSES:
         legend.append(cls, style=_PCIE_STYLE[cls])
