@@ -60,6 +60,7 @@ class UnitSpec(Protocol):
     visible_env: tuple[str, ...]
     bounds_env: tuple[str, str] | None
     whole_host_unsets: bool
+    valid_counts: tuple[int, ...] | None
 
     def cores_of(self, device: Device) -> int | None: ...
 
@@ -161,15 +162,19 @@ def _plan(topology: NodeTopology, spec: UnitSpec) -> _Plan:
     plan = _Plan(tuple(units), of_device, {u.id: u.device for u in units}, tuple(d.index for d in devs),
                  frozenset(d.index for d in devs if d.health == "failed"), {d: frozenset(s) for d, s in adj.items()})
     if spec.unit == "chip" and devs and all(d.coords is not None for d in devs):
-        _grid(plan, devs)
+        _grid(plan, devs, getattr(spec, "valid_counts", None))
     if len(_PLANS) > 1000:
         _PLANS.clear()
     _PLANS[key] = (topology, spec, plan)
     return plan
 
 
-def _grid(plan: _Plan, devs: list[Device]) -> None:
-    """Chip coordinates relative to the host's corner, and every block of the grid."""
+def _grid(plan: _Plan, devs: list[Device], valid: tuple[int, ...] | None) -> None:
+    """Chip coordinates relative to the host's corner, and every block of the grid.
+
+    The fragmentation score counts the aligned free blocks of the sizes a request can have
+    (``valid``: the spec's valid counts, e.g. TPU's 1, 2, 4, 8; else powers of two).
+    """
     coords = {d.index: tuple(d.coords) + (0,) * (3 - len(d.coords)) for d in devs}  # type: ignore[arg-type]
     lo = [min(c[i] for c in coords.values()) for i in range(3)]
     rel = {d: tuple(c[i] - lo[i] for i in range(3)) for d, c in coords.items()}
@@ -194,9 +199,10 @@ def _grid(plan: _Plan, devs: list[Device]) -> None:
                 out.append((mask, chips, (a, b, c), links, aligned))
         if out:
             plan.blocks[k] = out
-    # aligned blocks of every size between one chip and the whole host, largest first
+    # aligned blocks of the sizes requests come in, between one chip and the whole host, largest first
+    sizes = set(valid) if valid else {1 << i for i in range(total.bit_length())}
     for k in sorted(plan.blocks, reverse=True):
-        if 1 < k < total:
+        if 1 < k < total and k in sizes:
             plan.aligned.extend((k, m) for m, _, _, _, al in plan.blocks[k] if al)
 
 
