@@ -30,9 +30,11 @@ from .errors import TopologyError
 SCHEMA = "rayaccel.topology/1"
 
 #: Direct device-to-device link kinds (each lane counted in ``Link.count``): NVIDIA NVLink,
-#: AMD Infinity Fabric (xGMI), AWS NeuronLink, Google TPU ICI, Huawei Ascend HCCS, and the
-#: RoCE ports Intel Gaudi integrates for its scale-up all-to-all (one lane = one port).
-DIRECT_KINDS = ("nvlink", "xgmi", "neuronlink", "ici", "hccs", "roce")
+#: AMD Infinity Fabric (xGMI), AWS NeuronLink, Google TPU ICI, Huawei Ascend HCCS, the
+#: RoCE ports Intel Gaudi integrates for its scale-up all-to-all (one lane = one port), and
+#: ``direct``: any other vendor's own device-to-device link (a plugin's fabric; give its
+#: per-lane figure in ``Link.lane_gbps``).
+DIRECT_KINDS = ("nvlink", "xgmi", "neuronlink", "ici", "hccs", "roce", "direct")
 #: All link kinds.
 LINK_KINDS = DIRECT_KINDS + ("pcie",)
 #: PCIe path classes, best first, as ``nvidia-smi topo -m`` names them.
@@ -51,7 +53,7 @@ HEALTH_STATES = ("ok", "degraded", "failed", "unknown")
 #: (NVLink5 on GB200: 50 GB/s; MI300X Infinity Fabric: 64 GB/s) carries its own
 #: per-lane figure in :attr:`Link.lane_gbps`.
 LANE_BANDWIDTH_GBPS: dict[str, float] = {"nvlink": 25.0, "xgmi": 50.0, "neuronlink": 48.0, "ici": 100.0,
-                                         "hccs": 28.0, "roce": 12.5}
+                                         "hccs": 28.0, "roce": 12.5, "direct": 25.0}
 
 #: Modeled per-direction peer-to-peer bandwidth over PCIe, by path class, GB/s
 #: (PCIe Gen4 x16 is ~32 GB/s per direction; ~80% is reached through one switch,
@@ -241,6 +243,8 @@ class Link:
             return self.kind.upper()
         if self.kind == "roce":
             return f"RoCE{self.count}" if self.count else "RoCE"
+        if self.kind == "direct":
+            return f"DL{self.count}" if self.count else "DL"
         return self.pcie or "?"
 
 

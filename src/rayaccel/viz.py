@@ -44,9 +44,10 @@ __all__ = ["SUFFIXES", "OutputPathError", "check_output_dir", "check_output_file
 
 
 KIND_COLOURS = {"nvlink": "#76b900", "xgmi": "#d6202a", "neuronlink": "#ff9900", "ici": "#4285f4", "hccs": "#c7000b",
-                "roce": "#0071c5"}
+                "roce": "#0071c5", "direct": "#7b3fa0"}
 KIND_NAMES = {"nvlink": "NVLink", "xgmi": "xGMI (Infinity Fabric)", "neuronlink": "NeuronLink", "ici": "TPU ICI",
-              "hccs": "HCCS", "roce": "RoCE (Gaudi scale-up)"}
+              "hccs": "HCCS", "roce": "RoCE (Gaudi scale-up)",
+              "direct": "vendor direct link"}
 PCIE_STYLE = {  # class -> (linestyle, width, alpha)
     "PIX": ("-", 1.6, 0.9),
     "PXB": ("--", 1.3, 0.8),

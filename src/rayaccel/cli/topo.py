@@ -31,10 +31,11 @@ MATRIX_MAX_DEVICES = 16
 
 _PCIE_STYLE = {"PIX": "bold cyan", "PXB": "cyan", "PHB": "yellow", "NODE": "dark_orange", "SYS": "red"}
 _KIND_STYLE = {"nvlink": "green", "xgmi": "magenta", "neuronlink": "dark_orange3", "ici": "blue", "hccs": "red",
-               "roce": "cyan"}
+               "roce": "cyan", "direct": "purple"}
 _KIND_NAME = {"nvlink": "NVLink", "xgmi": "xGMI", "neuronlink": "NeuronLink", "ici": "TPU ICI", "hccs": "HCCS",
-              "roce": "RoCE scale-up"}
-_KIND_ABBR = {"nvlink": "NV#", "xgmi": "XGMI#", "neuronlink": "NL", "ici": "ICI", "hccs": "HCCS", "roce": "RoCE#"}
+              "roce": "RoCE scale-up", "direct": "direct link"}
+_KIND_ABBR = {"nvlink": "NV#", "xgmi": "XGMI#", "neuronlink": "NL", "ici": "ICI", "hccs": "HCCS", "roce": "RoCE#",
+              "direct": "DL#"}
 _DEVICE_WORD = {"aws": "Neuron devices", "amd": "GPUs", "nvidia": "GPUs"}
 
 
