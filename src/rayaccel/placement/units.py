@@ -41,6 +41,7 @@ from typing import Iterable, Protocol
 
 from ..errors import RequestError
 from ..topology import Device, NodeTopology
+from ._rings import Graph, best_devices
 from .node import allocate
 from .request import Request
 from .result import Allocation, Rejection
@@ -48,7 +49,6 @@ from .state import NodeState
 
 __all__ = ["Unit", "UnitChoice", "UnitSpec", "choose_units", "node_units", "visible_env"]
 
-_RING_BUDGET = 20_000  # DFS steps when looking for a ring the allocator's choice missed
 
 
 class UnitSpec(Protocol):
@@ -123,6 +123,7 @@ class _Plan:
     blocks: dict[int, list] = field(default_factory=dict)  # k -> [(mask, chips, extent, links, aligned)]
     aligned: list = field(default_factory=list)  # [(size, mask)] for the fragmentation score
     bit: dict[int, int] = field(default_factory=dict)  # chip id -> bit
+    graph: Graph | None = None  # direct links over device positions (core units)
 
 
 _PLANS: dict[tuple[int, int], tuple[NodeTopology, object, _Plan]] = {}
@@ -161,6 +162,8 @@ def _plan(topology: NodeTopology, spec: UnitSpec) -> _Plan:
             adj[l.b].add(l.a)
     plan = _Plan(tuple(units), of_device, {u.id: u.device for u in units}, tuple(d.index for d in devs),
                  frozenset(d.index for d in devs if d.health == "failed"), {d: frozenset(s) for d, s in adj.items()})
+    pos = {d: i for i, d in enumerate(plan.devices)}
+    plan.graph = Graph([sum(1 << pos[e] for e in plan.adj[d]) for d in plan.devices])
     if spec.unit == "chip" and devs and all(d.coords is not None for d in devs):
         _grid(plan, devs, getattr(spec, "valid_counts", None))
     if len(_PLANS) > 1000:
@@ -294,37 +297,6 @@ def _is_ring(plan: _Plan, order: tuple[int, ...]) -> bool:
     return all(order[(i + 1) % n] in plan.adj[order[i]] for i in range(n))
 
 
-def _find_ring(plan: _Plan, pool: frozenset[int], n: int) -> tuple[int, ...] | None:
-    """A cycle of ``n`` devices of ``pool`` over direct links (bounded DFS), or None."""
-    if n < 3:
-        return None
-    steps = [0]
-    nodes = sorted(pool)
-
-    def dfs(path: list[int], seen: set[int]) -> tuple[int, ...] | None:
-        steps[0] += 1
-        if steps[0] > _RING_BUDGET:
-            return None
-        if len(path) == n:
-            return tuple(path) if path[0] in plan.adj[path[-1]] else None
-        for nb in sorted(plan.adj[path[-1]]):
-            if nb in pool and nb not in seen and nb > path[0]:
-                seen.add(nb)
-                path.append(nb)
-                hit = dfs(path, seen)
-                if hit is not None:
-                    return hit
-                path.pop()
-                seen.discard(nb)
-        return None
-
-    for start in nodes:
-        hit = dfs([start], {start})
-        if hit is not None or steps[0] > _RING_BUDGET:
-            return hit
-    return None
-
-
 # -------------------------------------------------------------------- cores
 def _cores(topology: NodeTopology, spec: UnitSpec, plan: _Plan, usable: frozenset[int], k: int,
            strict: bool) -> UnitChoice | Rejection:
@@ -336,12 +308,15 @@ def _cores(topology: NodeTopology, spec: UnitSpec, plan: _Plan, usable: frozense
         fits = [d for d, f in free_on.items() if len(f) >= k]
         if fits:
             whole = {d for d, f in free_on.items() if len(f) == cap[d]}
-            d = min(fits, key=lambda x: (len(free_on[x]) - k, len(plan.adj[x] & whole), x))
+            g, bit = plan.graph, {d: 1 << i for i, d in enumerate(plan.devices)}
+            wmask = sum(bit[d] for d in whole)
+            d = min(fits, key=lambda x: (len(free_on[x]) - k, -g.rings_within(wmask & ~bit[x]),  # type: ignore
+                                         len(plan.adj[x] & whole), x))
             cores = _run(free_on[d], k)
             left = len(free_on[d]) - k
             return UnitChoice(cores, (d,), "one device",
                               f"{k} {name} on one device ({d}), the best fit: {left} free core"
-                              f"{'s' if left != 1 else ''} left there, whole devices kept whole")
+                              f"{'s' if left != 1 else ''} left there, whole devices and free rings kept whole")
         per = ", ".join(f"{d}: {len(f)}" for d, f in free_on.items() if f)
         if strict:
             return Rejection((f"no device has {k} free {name} (free per device: {per}); a request of up to a "
@@ -356,11 +331,9 @@ def _cores(topology: NodeTopology, spec: UnitSpec, plan: _Plan, usable: frozense
     partial = frozenset(d for d, f in free_on.items() if rest and rest <= len(f) < cap[d])
     order = None
     if partial and len(whole) >= n_full:
-        got = _device_order(topology, plan, whole | partial, n)
-        if got is not None and len(set(got) & partial) <= 1:
-            order = got
+        order = _device_order(plan, whole | partial, n, partial)
     if order is None and len(whole) >= n:
-        order = _device_order(topology, plan, whole, n)
+        order = _device_order(plan, whole, n)
     if order is None:
         if strict:
             return Rejection((f"{k} {name} need {n} devices with their {most} cores free; only {len(whole)} are "
@@ -371,24 +344,24 @@ def _cores(topology: NodeTopology, spec: UnitSpec, plan: _Plan, usable: frozense
     for d in order:
         units.extend(_run(free_on[d], rest) if d == part and rest else free_on[d][:most])
     ring = _is_ring(plan, order)
-    how = ("forming a ring over direct links" if ring else "no free ring of that size: the best path") \
-        if n > 1 else "one whole device"
+    if n == 1:
+        how = "one whole device"
+    elif ring:
+        how = "forming a ring over direct links"
+    elif n > 2 and not plan.graph.ring_possible(n):  # type: ignore[union-attr]
+        how = f"the best path (no ring of {n} devices exists on this node)"
+    else:
+        how = "no free ring of that size: the best path"
     return UnitChoice(tuple(units), order, "whole devices",
                       f"{k} {name} as {n} device{'s' if n > 1 else ''} {list(order)}, {how}", ring=ring if n > 1 else None)
 
 
-def _device_order(topology: NodeTopology, plan: _Plan, pool: frozenset[int], n: int) -> tuple[int, ...] | None:
-    """``n`` devices of ``pool``: the allocator's best set in ring order, or a ring it missed."""
-    busy = frozenset(d.index for d in topology.devices if d.index not in pool)
-    got = allocate(NodeState(topology, busy=busy), Request(gpus=n))
-    if not isinstance(got, Allocation):
-        return None
-    order = got.devices
-    if n >= 3 and not _is_ring(plan, order):
-        ring = _find_ring(plan, pool, n)
-        if ring is not None:
-            return ring
-    return order
+def _device_order(plan: _Plan, pool: frozenset[int], n: int, partial: frozenset[int] = frozenset()
+                  ) -> tuple[int, ...] | None:
+    """``n`` devices of ``pool`` (at most one of ``partial``), in ring (or path) order: see :mod:`._rings`."""
+    bit = {d: 1 << i for i, d in enumerate(plan.devices)}
+    got = best_devices(plan.graph, sum(bit[d] for d in pool), n, sum(bit[d] for d in partial))  # type: ignore[arg-type]
+    return None if got is None else tuple(plan.devices[p] for p in got[0])
 
 
 def _run(cores: tuple[int, ...], k: int) -> tuple[int, ...]:
@@ -407,7 +380,7 @@ def _spread(topology: NodeTopology, plan: _Plan, free_on: dict[int, tuple[int, .
     while total < k:
         total += sizes[m]
         m += 1
-    order = _device_order(topology, plan, frozenset(have), m)
+    order = _device_order(plan, frozenset(have), m)
     if order is None or sum(len(have[d]) for d in order) < k:
         order = tuple(sorted(have, key=lambda d: -len(have[d])))[:m]
     units: list[int] = []
