@@ -26,7 +26,8 @@ Metrics, per machine and policy:
 * ``block``: TPU grants that are a contiguous block of the host's chip grid (what libtpu's
   bounds can describe);
 * ``best link``: Gaudi / Ascend grants of 2+ devices whose weakest link is as strong as the
-  idle node's best set of that size (Ascend 910: inside one HCCS group), and ``1 NUMA``;
+  idle node's best set of that size (Ascend 910: inside one HCCS group), and ``1 NUMA``
+  (devices on one NUMA node; 8-device jobs of a 2-NUMA server cannot be; unknown NUMA: -);
 * ``wait``: mean queueing delay (rayaccel waits for a shape; Ray only for a count);
 * ``decide``: choose_units time per grant made, p50 / p99 (Ray's choice is not timed).
 
@@ -115,8 +116,10 @@ def judge(m: Metrics, topo, spec, units: tuple[int, ...], dev_of: dict[int, int]
     elif len(devs) > 1:
         m.best[1] += 1
         m.best[0] += _weakest(topo, devs) >= best_rank[len(devs)]
-        m.numa[1] += 1
-        m.numa[0] += len({topo.device(d).numa_node for d in devs}) == 1
+        numas = {topo.device(d).numa_node for d in devs}
+        if None not in numas:  # unknown NUMA nodes are not counted
+            m.numa[1] += 1
+            m.numa[0] += len(numas) == 1
 
 
 _RING_POSSIBLE: dict[tuple[str, int], bool] = {}

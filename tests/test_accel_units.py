@@ -283,3 +283,20 @@ def test_churn_never_hands_a_unit_out_twice(seed, m):
             free -= set(got.units)
             held.append(got.units)
     assert sum(len(h) for h in held) + len(free) == len(_ids(topo, spec))
+
+
+def test_ring_search_on_the_torus():
+    from rayaccel.placement._rings import best_devices
+    from rayaccel.placement.units import _plan
+
+    g = _plan(TRN1, NEURON).graph
+    assert not g.ring_possible(3) and g.ring_possible(4) and not g.ring_possible(5) and g.ring_possible(8)
+    assert len(g.small_rings()) == 24  # 16 squares of the 4x4 torus with wrap-around, 8 rows and columns
+    full = (1 << 16) - 1
+    order, ok = best_devices(g, full, 4)
+    assert ok and _ring(TRN1, order)
+    order, ok = best_devices(g, full, 5)
+    assert ok and all(TRN1.link(order[i], order[i + 1]) for i in range(4))  # a path: no 5-ring exists
+    assert best_devices(g, 0b111, 4) is None
+    order, ok = best_devices(g, (1 << 0) | (1 << 5) | (1 << 10) | (1 << 15), 2)
+    assert not ok  # four devices, none adjacent: the best there is, shape not met
