@@ -153,6 +153,28 @@ def test_ray_train_worker_group_on_neuron_cores(accel, tmp_path):
     assert trn1.link(devs[0][0], devs[1][0]) is not None  # the gang's two devices are NeuronLink neighbours
 
 
+def test_ray_train_worker_group_on_gaudi(accel, tmp_path):
+    """Ray Train on Gaudi as Intel's docs write it: TorchTrainer with resources_per_worker={"HPU": 1}."""
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    _advertised("HPU", 8)
+    gaudi = accel.topologies["gaudi2-hls2-8x"]
+    out = str(tmp_path)
+
+    def train_func():
+        from ray import train
+
+        with open(os.path.join(out, f"rank{train.get_context().get_world_rank()}.json"), "w") as f:
+            json.dump({"modules": os.environ.get("HABANA_VISIBLE_MODULES")}, f)
+
+    TorchTrainer(train_func, torch_config=TorchConfig(backend="gloo"),  # hccl needs real Gaudi devices
+                 scaling_config=ScalingConfig(num_workers=4, resources_per_worker={"HPU": 1})).fit()
+    mods = [_ids(json.load(open(os.path.join(out, f"rank{r}.json")))["modules"]) for r in range(4)]
+    assert all(len(m) == 1 for m in mods) and len({m[0] for m in mods}) == 4
+    assert len({gaudi.device(m[0]).numa_node for m in mods}) == 1  # the gang's four modules: one NUMA node
+
+
 # ---------------------------------------------------------------------- GPU
 def test_v100_accelerator_type_work_runs_and_the_node_carries_rays_label(accel):
     import ray

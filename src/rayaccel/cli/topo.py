@@ -271,6 +271,12 @@ def _first_clause(reason: str) -> str:
     return reason.split(": ", 1)[0].split(" (", 1)[0].strip()
 
 
+def _absent(reason: str) -> bool:
+    """A backend's reason that only says its tool or device is not on this machine."""
+    first = _first_clause(reason)
+    return first.endswith("not found") or first.startswith("no ")
+
+
 def no_accelerators(e: BackendUnavailable) -> str:
     """One short line for "discovery found nothing here": why, in a few words each, and what to do instead.
 
@@ -280,10 +286,17 @@ def no_accelerators(e: BackendUnavailable) -> str:
     from ..catalog import DEFAULT
 
     if e.reasons:
-        why = "; ".join(f"{name}: {_first_clause(reason)}" for name, reason in e.reasons)
+        # GPU backends say why in full; the other families' "tool or device not here" collapse into one clause
+        gpu = [(n, r) for n, r in e.reasons if n in ("nvidia", "amd")]
+        absent = [n for n, r in e.reasons if n not in ("nvidia", "amd") and _absent(r)]
+        other = [(n, r) for n, r in e.reasons if n not in ("nvidia", "amd") and not _absent(r)]
+        parts = [f"{name}: {_first_clause(reason)}" for name, reason in gpu + other]
+        if absent:
+            parts.append(f"{', '.join(absent)}: none here")
+        why = "; ".join(parts)
     else:
         why = f"{e.backend}: {_first_clause(e.reason)}" if e.backend else _first_clause(e.reason)
-    return (f"No accelerators found here: no GPU this machine can use ({why}). "
+    return (f"No accelerators found here: no GPU or other accelerator this machine can use ({why}). "
             f"To look at a known machine: rayaccel topo show --topology {DEFAULT} (list: rayaccel topo list); "
             f"to simulate one: RAYACCEL_TOPOLOGY={DEFAULT} rayaccel topo show. Details: rayaccel topo backends")
 

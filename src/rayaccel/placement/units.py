@@ -402,13 +402,13 @@ def _chips(topology: NodeTopology, spec: UnitSpec, plan: _Plan, usable: frozense
     if k > total:
         return Rejection((f"{k} {name} asked; the host has {total}",))
     free_mask = sum(plan.bit[u] for u in usable)
+    sizes = sorted({s for s, _ in plan.aligned}, reverse=True)
     best = None
     for mask, chips, ext, links, aligned in plan.blocks.get(k, ()):
         if mask & free_mask != mask:
             continue
         after = free_mask & ~mask
-        frag = tuple(sum(1 for s, m in plan.aligned if s == size and m & after == m)
-                     for size in sorted({s for s, _ in plan.aligned}, reverse=True))
+        frag = tuple(sum(1 for s, m in plan.aligned if s == size and m & after == m) for size in sizes)
         key = (links, aligned, frag, ext[0] == 1, -chips[0])
         if best is None or key > best[0]:
             best = (key, chips, ext)
