@@ -305,7 +305,8 @@ def _route(ax: Any, tr: Any, kind: str, pts: list, MPath: Any, PathPatch: Any, *
 
 
 def _prefix(vendor: str) -> str:
-    return {"aws": "NEURON", "amd": "GPU", "nvidia": "GPU"}.get(vendor, "DEV")
+    prefixes = {"aws": "NEURON", "amd": "GPU", "nvidia": "GPU", "google": "TPU", "habana": "HPU", "huawei": "NPU"}
+    return prefixes.get(vendor, "DEV")
 
 
 def _ranges(cpus: Sequence[int]) -> str:

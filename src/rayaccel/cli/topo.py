@@ -36,7 +36,9 @@ _KIND_NAME = {"nvlink": "NVLink", "xgmi": "xGMI", "neuronlink": "NeuronLink", "i
               "roce": "RoCE scale-up", "direct": "direct link"}
 _KIND_ABBR = {"nvlink": "NV#", "xgmi": "XGMI#", "neuronlink": "NL", "ici": "ICI", "hccs": "HCCS", "roce": "RoCE#",
               "direct": "DL#"}
-_DEVICE_WORD = {"aws": "Neuron devices", "amd": "GPUs", "nvidia": "GPUs"}
+_DEVICE_PREFIX = {"nvidia": "GPU", "amd": "GPU", "aws": "ND", "google": "TPU", "habana": "HPU", "huawei": "NPU"}
+_DEVICE_WORD = {"aws": "Neuron devices", "amd": "GPUs", "nvidia": "GPUs", "google": "TPU chips", "habana": "Gaudi HPUs",
+                "huawei": "Ascend NPUs"}
 
 
 # ----------------------------------------------------------------- helpers
@@ -167,7 +169,7 @@ def _prefix(topo: NodeTopology, index: int) -> str:
         vendor = topo.device(index).vendor
     except KeyError:
         return "DEV"
-    return {"nvidia": "GPU", "amd": "GPU", "aws": "ND"}.get(vendor, "DEV")
+    return _DEVICE_PREFIX.get(vendor, "DEV")
 
 
 def _devices(topo: NodeTopology) -> Table:
