@@ -30,6 +30,7 @@ from typing import Any
 
 from ...errors import RayaccelError
 from ...topology import make_link
+from ...units import parse_bytes
 from ._base import Fragment, Line, fail, find_hostname, parse_cpulist, parse_numa
 
 FORMAT = "neuron-ls"
@@ -154,8 +155,6 @@ def _row_fields(r: dict[str, Any], path: str) -> dict[str, Any]:
     mem = r.get("memory", "")
     mm = _MEM.match(mem)
     if mm:
-        from ...units import parse_bytes
-
         try:  # exact and bounded (a 400-digit size is an error, not an OverflowError)
             out["memory_bytes"] = parse_bytes(f"{mm.group(1)} {mm.group(2).upper()}iB", "memory")
         except RayaccelError as e:
