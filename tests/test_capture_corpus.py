@@ -31,7 +31,11 @@ EXPECTED: dict[str, tuple[int, int, int, bool] | str] = {
     "73": (8, 28, 0, False), "74": (8, 28, 0, False), "76": (4, 6, 2, True), "77": (4, 6, 0, False),
     "78": (2, 1, 2, False), "79": (2, 1, 0, False), "80": "nvidia-smi topo -p2p", "82": (8, 28, 8, False),
     "83": (4, 6, 0, False), "84": (8, 0, 0, True), "85": (1, 0, 0, False), "86": (1, 0, 0, True),
-    "87": (1, 0, 0, False), "110": (8, 0, 0, False), "111": (2, 0, 0, False), "112": (1, 0, 0, True),
+    "87": (1, 0, 0, False),
+    "88": (16, 32, 0, False), "89": (16, 32, 0, False), "90": (16, 32, 0, False), "91": (16, 32, 0, False),
+    "92": (4, 3, 0, False), "93": (1, 0, 0, False), "94": (1, 0, 0, True), "95": (8, 28, 0, False),
+    "96": (8, 28, 0, False), "97": (4, 4, 0, True), "98": (4, 4, 0, True), "99": (4, 4, 0, False),
+    "110": (8, 0, 0, False), "111": (2, 0, 0, False), "112": (1, 0, 0, True),
     "113": (1, 0, 0, True), "114": (4, 6, 8, False),
 }
 
@@ -42,7 +46,7 @@ def _number(path: Path) -> str:
 
 
 def test_corpus_is_complete():
-    assert len(FILES) == 70
+    assert len(FILES) == 82
     assert sorted(_number(f) for f in FILES) == sorted(EXPECTED)
 
 

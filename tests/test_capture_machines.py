@@ -212,4 +212,4 @@ def test_gaudi_affinity_only():
     t = r.topology
     assert len(t) == 8 and not t.links
     assert t.device(4).numa_node == 1 and t.device(4).cpus[0] == 40
-    assert t.device(0).vendor == "intel" and t.device(0).model == "Gaudi"
+    assert t.device(0).vendor == "habana" and t.device(0).model == "Gaudi"

@@ -406,3 +406,97 @@ def test_node_place_fields(domain, levels, net, fab):
             NodePlace(domain, levels, net, fab)
         except RequestError as e:
             assert e.field and len(str(e)) < 1000
+
+
+# ------------------------------------------------- accelerators beyond GPUs (issue 16)
+ACCEL_CAPTURES = [p for p in CAPTURES if p.name[:2] in {"66", "67", "68", "69", *map(str, range(88, 100))}]
+
+
+@st.composite
+def mutated_accel_captures(draw):
+    """neuron-ls (table and JSON), npu-smi, hl-smi, tpu-info and tpu-env captures, damaged as above."""
+    text = draw(st.sampled_from(ACCEL_CAPTURES)).read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    for _ in range(draw(st.integers(1, 5))):
+        if not lines:
+            break
+        i = rng.randrange(len(lines))
+        op = rng.choice(["drop", "dup", "chars", "cut", "numbers", "json"])
+        if op == "drop":
+            del lines[i]
+        elif op == "dup":
+            lines.insert(i, lines[i])
+        elif op == "chars":
+            s = list(lines[i]) or [" "]
+            for _ in range(rng.randint(1, 4)):
+                s[rng.randrange(len(s))] = rng.choice("X9 |,-:'\"[]{}nullHCCS\u2502")
+            lines[i] = "".join(s)
+        elif op == "cut":
+            lines = lines[:i]
+        elif op == "numbers":
+            lines[i] = " ".join(str(rng.choice([10**rng.randint(1, 40), -1, 0, 2**63])) if t.strip(",").isdigit() else t
+                                for t in lines[i].split())
+        else:
+            lines[i] = lines[i].replace(": ", ": " + rng.choice(["null, ", "[], ", "\"x\", ", "1e999, ", "true, "]), 1)
+    return "\n".join(lines) + "\n"
+
+
+@fuzz_settings(200)
+@given(mutated_accel_captures())
+def test_accelerator_capture_importers(text):
+    """Damaged accelerator captures import or fail with a CaptureError that is not an importer bug."""
+    from rayaccel.discovery.capture import import_captures
+
+    with bounded():
+        try:
+            result = import_captures([text])
+        except RayaccelError as e:
+            assert "internal error" not in str(e), e
+            return
+        topo = result.topology.validate()
+        _rendered(topo)
+
+
+@fuzz_settings(200)
+@given(vendor=st.one_of(st.text(max_size=12), st.sampled_from(["acme", "aws"])),
+       resource=st.one_of(st.text(max_size=12), st.sampled_from(["ACME", "GPU", "CPU"])),
+       unit=st.one_of(st.text(max_size=6), st.sampled_from(["device", "core", "chip"])),
+       env=st.one_of(st.lists(st.text(max_size=10), max_size=3).map(tuple), st.just(("ACME_VISIBLE",)), json_scalars),
+       naming=st.one_of(st.text(max_size=12), st.sampled_from(["model", "nvidia", "fixed:X", "fixed:"])),
+       counts=st.one_of(st.none(), st.lists(huge_ints, max_size=3).map(tuple), json_scalars))
+def test_ray_spec_of_a_plugin(vendor, resource, unit, env, naming, counts):
+    """A plugin's RaySpec is built or refused with a PluginError naming the field, nothing else."""
+    from rayaccel.discovery.rayspec import RaySpec
+    from rayaccel.errors import PluginError
+
+    try:
+        spec = RaySpec(vendor=vendor, resource=resource, unit=unit, visible_env=env, accelerator_type=naming,
+                       valid_counts=counts)
+    except PluginError as e:
+        assert "ray_spec." in str(e)
+    else:
+        assert spec.unit in ("device", "core", "chip") and spec.visible_env
+
+
+@fuzz_settings(200)
+@given(machine=st.sampled_from(["trn1-32xlarge", "tpu-v6e-8", "gaudi2-hls2-8x", "atlas-800-910a-8x"]),
+       free=st.one_of(st.lists(huge_ints, max_size=40), st.lists(st.integers(0, 40), max_size=40), json_scalars),
+       k=st.one_of(huge_ints, json_scalars), strict=st.booleans())
+def test_choose_units_hostile_arguments(machine, free, k, strict):
+    """choose_units answers a choice, a Rejection or a RequestError; visible_env likewise."""
+    from rayaccel.discovery.rayspec import spec_for
+    from rayaccel.placement import Rejection, UnitChoice, choose_units, visible_env
+
+    topo = catalog.load(machine)
+    spec = spec_for(topo)
+    with bounded():
+        try:
+            got = choose_units(topo, spec, free, k, strict=strict)
+        except RequestError:
+            return
+        assert isinstance(got, (UnitChoice, Rejection))
+        if isinstance(got, UnitChoice):
+            assert len(set(got.units)) == len(got.units) == k
+            env = visible_env(topo, spec, got.units)
+            assert all(v is None or isinstance(v, str) for v in env.values())

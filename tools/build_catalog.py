@@ -336,12 +336,15 @@ def trn1_32xlarge():
     devs = devices("trn1-32xlarge", n, vendor="aws", model="Trainium", memory_mib=32768, cc=None, numa=numa,
                    cpu=lambda i: "0-31,64-95" if numa(i) == 0 else "32-63,96-127",
                    bus=lambda i: f"0000:{_TRN1_BDF[i]}", uuid_prefix="NEURON")
+    devs = [replace(d, cores=2) for d in devs]  # 2 NeuronCore-v2 per Trainium (neuron-ls NEURON CORES)
     def ln(a, b):
         return ("neuronlink", 1, None) if b in _TRN1_NEIGHBOURS[a] else None
     t = NodeTopology(devices=tuple(devs), links=tuple(links(n, ln)), name="trn1-32xlarge", sources=(
         "real neuron-ls on trn1.32xlarge: 16 devices, 2 NeuronCores and 32 GB each, CONNECTED DEVICES = 4 neighbours "
         "(2D 4x4 torus with wrap-around), PCI BDFs (tests/data/captures/68_neuron-ls-trn1.32xlarge-16dev-collapsed-whitespace.txt)",
         "AWS trn1 docs: 16 Trainium chips linked by NeuronLink-v2 in a 2D torus; 128 vCPUs on 2 sockets",
+        "neuron-ls --topology of a Trn1.32xlarge in the Neuron 2.3.0 docs lists the same neighbours and 2 cores per device "
+        "(tests/data/captures/90_neuron-ls-trn1-32xlarge-topology-diagram.txt)",
         "assumption: PCI buses 0x10/0x20 on socket 0, 0x90/0xa0 on socket 1; non-neighbour pairs have no link record",
     ))
     return t, "AWS trn1.32xlarge (16 Trainium, NeuronLink 2D torus 4x4 with wrap-around, 4 neighbours each)"
@@ -392,6 +395,15 @@ def nvl72():
 
 
 MACHINES.update(NVL72_MACHINES)
+
+
+# Neuron, TPU, Gaudi and Ascend machines live in their own file (one concern, one file).
+from catalog_accel import MACHINES as _ACCEL_MACHINES  # noqa: E402
+
+for _name, _build in _ACCEL_MACHINES.items():
+    if _name in MACHINES:
+        raise SystemExit(f"catalog machine {_name!r} is defined twice (build_catalog.py and catalog_accel.py)")
+    MACHINES[_name] = _build
 
 
 # ------------------------------------------------------------------------ main

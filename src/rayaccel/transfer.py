@@ -9,7 +9,8 @@ Pure functions over :mod:`rayaccel.topology` data::
 Route choice, best first:
 
 * ``same-device``: both ends are the same device (or both host memory of one node).
-* ``nvlink`` / ``xgmi`` / ``neuronlink``: a direct link joins the two devices (peer copy).
+* ``nvlink`` / ``xgmi`` / ``neuronlink`` / ``ici`` / ``hccs`` / ``roce`` (every kind of
+  :data:`~rayaccel.topology.DIRECT_KINDS`): a direct link joins the two devices (peer copy).
 * ``pcie-p2p``: the devices share a PCIe switch or host bridge (PIX, PXB, PHB).
 * ``host-staged``: anything farther on one node (NODE, SYS, no record) and every
   device <-> host copy: the bytes go through host memory.
@@ -28,9 +29,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from .errors import RequestError
-from .topology import PCIE_BANDWIDTH_GBPS, NodeTopology
+from .topology import DIRECT_KINDS, PCIE_BANDWIDTH_GBPS, NodeTopology
 
-ROUTES = ("same-device", "nvlink", "xgmi", "neuronlink", "pcie-p2p", "host-staged", "gpudirect-rdma", "tcp")
+ROUTES = ("same-device", *DIRECT_KINDS, "pcie-p2p", "host-staged", "gpudirect-rdma", "tcp")
 
 #: The transfer model, one place. Bandwidths are per direction, GB/s.
 MODEL: dict[str, float] = {

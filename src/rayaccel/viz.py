@@ -44,8 +44,11 @@ __all__ = ["SUFFIXES", "OutputPathError", "check_output_dir", "check_output_file
            "holder_colours"]
 
 
-KIND_COLOURS = {"nvlink": "#76b900", "xgmi": "#d6202a", "neuronlink": "#ff9900"}
-KIND_NAMES = {"nvlink": "NVLink", "xgmi": "xGMI (Infinity Fabric)", "neuronlink": "NeuronLink"}
+KIND_COLOURS = {"nvlink": "#76b900", "xgmi": "#d6202a", "neuronlink": "#ff9900", "ici": "#4285f4", "hccs": "#c7000b",
+                "roce": "#0071c5", "direct": "#7b3fa0"}
+KIND_NAMES = {"nvlink": "NVLink", "xgmi": "xGMI (Infinity Fabric)", "neuronlink": "NeuronLink", "ici": "TPU ICI",
+              "hccs": "HCCS", "roce": "RoCE (Gaudi scale-up)",
+              "direct": "vendor direct link"}
 PCIE_STYLE = {  # class -> (linestyle, width, alpha)
     "PIX": ("-", 1.6, 0.9),
     "PXB": ("--", 1.3, 0.8),
@@ -303,7 +306,8 @@ def _route(ax: Any, tr: Any, kind: str, pts: list, MPath: Any, PathPatch: Any, *
 
 
 def _prefix(vendor: str) -> str:
-    return {"aws": "NEURON", "amd": "GPU", "nvidia": "GPU"}.get(vendor, "DEV")
+    prefixes = {"aws": "NEURON", "amd": "GPU", "nvidia": "GPU", "google": "TPU", "habana": "HPU", "huawei": "NPU"}
+    return prefixes.get(vendor, "DEV")
 
 
 def _ranges(cpus: Sequence[int]) -> str:

@@ -30,9 +30,15 @@ from ._common import console, err_console, fail, na, plain, print_json, warn_lin
 MATRIX_MAX_DEVICES = 16
 
 _PCIE_STYLE = {"PIX": "bold cyan", "PXB": "cyan", "PHB": "yellow", "NODE": "dark_orange", "SYS": "red"}
-_KIND_STYLE = {"nvlink": "green", "xgmi": "magenta", "neuronlink": "dark_orange3"}
-_KIND_NAME = {"nvlink": "NVLink", "xgmi": "xGMI", "neuronlink": "NeuronLink"}
-_DEVICE_WORD = {"aws": "Neuron devices", "amd": "GPUs", "nvidia": "GPUs"}
+_KIND_STYLE = {"nvlink": "green", "xgmi": "magenta", "neuronlink": "dark_orange3", "ici": "blue", "hccs": "red",
+               "roce": "cyan", "direct": "purple"}
+_KIND_NAME = {"nvlink": "NVLink", "xgmi": "xGMI", "neuronlink": "NeuronLink", "ici": "TPU ICI", "hccs": "HCCS",
+              "roce": "RoCE scale-up", "direct": "direct link"}
+_KIND_ABBR = {"nvlink": "NV#", "xgmi": "XGMI#", "neuronlink": "NL", "ici": "ICI", "hccs": "HCCS", "roce": "RoCE#",
+              "direct": "DL#"}
+_DEVICE_PREFIX = {"nvidia": "GPU", "amd": "GPU", "aws": "ND", "google": "TPU", "habana": "HPU", "huawei": "NPU"}
+_DEVICE_WORD = {"aws": "Neuron devices", "amd": "GPUs", "nvidia": "GPUs", "google": "TPU chips", "habana": "Gaudi HPUs",
+                "huawei": "Ascend NPUs"}
 
 
 # ----------------------------------------------------------------- helpers
@@ -163,7 +169,7 @@ def _prefix(topo: NodeTopology, index: int) -> str:
         vendor = topo.device(index).vendor
     except KeyError:
         return "DEV"
-    return {"nvidia": "GPU", "amd": "GPU", "aws": "ND"}.get(vendor, "DEV")
+    return _DEVICE_PREFIX.get(vendor, "DEV")
 
 
 def _devices(topo: NodeTopology) -> Table:
@@ -245,7 +251,7 @@ def render(topo: NodeTopology, title: str | None = None) -> None:
     legend = Text("legend: ", style="dim")
     for kind, style in _KIND_STYLE.items():
         if any(l.kind == kind for l in topo.links):
-            legend.append(f"{'NV#' if kind == 'nvlink' else ('XGMI#' if kind == 'xgmi' else 'NL')} ", style=style)
+            legend.append(f"{_KIND_ABBR[kind]} ", style=style)
             legend.append(f"= {_KIND_NAME[kind]} (# lanes)  ", style="dim")
     for cls in PCIE_CLASSES:
         legend.append(cls, style=_PCIE_STYLE[cls])
@@ -267,6 +273,12 @@ def _first_clause(reason: str) -> str:
     return reason.split(": ", 1)[0].split(" (", 1)[0].strip()
 
 
+def _absent(reason: str) -> bool:
+    """A backend's reason that only says its tool or device is not on this machine."""
+    first = _first_clause(reason)
+    return first.endswith("not found") or first.startswith("no ")
+
+
 def no_accelerators(e: BackendUnavailable) -> str:
     """One short line for "discovery found nothing here": why, in a few words each, and what to do instead.
 
@@ -276,10 +288,17 @@ def no_accelerators(e: BackendUnavailable) -> str:
     from ..catalog import DEFAULT
 
     if e.reasons:
-        why = "; ".join(f"{name}: {_first_clause(reason)}" for name, reason in e.reasons)
+        # GPU backends say why in full; the other families' "tool or device not here" collapse into one clause
+        gpu = [(n, r) for n, r in e.reasons if n in ("nvidia", "amd")]
+        absent = [n for n, r in e.reasons if n not in ("nvidia", "amd") and _absent(r)]
+        other = [(n, r) for n, r in e.reasons if n not in ("nvidia", "amd") and not _absent(r)]
+        parts = [f"{name}: {_first_clause(reason)}" for name, reason in gpu + other]
+        if absent:
+            parts.append(f"{', '.join(absent)}: none here")
+        why = "; ".join(parts)
     else:
         why = f"{e.backend}: {_first_clause(e.reason)}" if e.backend else _first_clause(e.reason)
-    return (f"No accelerators found here: no GPU this machine can use ({why}). "
+    return (f"No accelerators found here: no GPU or other accelerator this machine can use ({why}). "
             f"To look at a known machine: rayaccel topo show --topology {DEFAULT} (list: rayaccel topo list); "
             f"to simulate one: RAYACCEL_TOPOLOGY={DEFAULT} rayaccel topo show. Details: rayaccel topo backends")
 

@@ -10,11 +10,16 @@
   (:mod:`.health_events`: the kinds, the probe contract). See docs/health.md.
 * :mod:`.capture` -- importers of text captures (``nvidia-smi topo -m`` and friends).
 * :mod:`.load` -- :func:`load_topology`: a catalog name, a topology JSON file or text captures.
+* :mod:`.rayspec` -- :class:`RaySpec`: how each accelerator family appears to Ray (resource,
+  unit, visible variables, accelerator-type naming), declared by backends; :func:`ray_specs`.
 """
 
 from __future__ import annotations
 
 from .load import load_topology
+from .rayspec import RaySpec, ray_accelerator_type, ray_node_resources, ray_specs, spec_for, tpu_ray_extras
 from .registry import Backend, BackendInfo, backends, discover, get_backend, register_backend
 
-__all__ = ["Backend", "BackendInfo", "backends", "discover", "get_backend", "load_topology", "register_backend"]
+__all__ = ["Backend", "BackendInfo", "RaySpec", "backends", "discover", "get_backend", "load_topology",
+           "ray_accelerator_type", "ray_node_resources", "ray_specs", "register_backend", "spec_for",
+           "tpu_ray_extras"]

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import BackendError, BackendUnavailable
 from ..topology import Device, Link, NodeTopology, make_link
+from .rayspec import AMD
 from .registry import BackendInfo
 
 #: Modeled max bandwidth of one xGMI link as amdsmi reports it, MB/s.
@@ -87,6 +88,8 @@ class AmdBackend:
     """
 
     name = "amd"
+    #: How its GPUs appear to Ray (``GPU``, ``HIP_VISIBLE_DEVICES``, Ray's device-id naming).
+    ray_spec = AMD
 
     def __init__(self, amdsmi: Any = None, *, sysfs_root: str | Path = "/sys"):
         self._amdsmi = amdsmi

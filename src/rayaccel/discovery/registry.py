@@ -1,8 +1,10 @@
 """The :class:`Backend` protocol and the registry of discovery backends.
 
 Backends come from the entry-point group ``rayaccel.backends`` (the built-ins
-``nvidia``, ``amd`` and ``simulated`` are declared there too, so they take the
-same path as any third-party plugin) and from :func:`register_backend`.
+``nvidia``, ``amd``, ``neuron``, ``tpu``, ``gaudi``, ``ascend`` and ``simulated`` are
+declared there too, so they take the same path as any third-party plugin) and from
+:func:`register_backend`. A backend may also declare how its accelerator appears to Ray
+(an optional ``ray_spec`` attribute, see :mod:`.rayspec`).
 
 A plugin is validated when it is loaded: a factory that cannot be imported,
 raises, or returns an object that does not conform to :class:`Backend` (missing
@@ -51,8 +53,9 @@ from ..topology import NodeTopology
 
 #: Entry-point group that feeds the registry.
 ENTRY_POINT_GROUP = "rayaccel.backends"
-#: Hardware backends tried first, in this order, by :func:`discover`.
-HARDWARE_ORDER = ("nvidia", "amd")
+#: Hardware backends tried first, in this order, by :func:`discover` (GPUs, then the other
+#: accelerators Ray knows: AWS Neuron, Google TPU, Intel Gaudi, Huawei Ascend).
+HARDWARE_ORDER = ("nvidia", "amd", "neuron", "tpu", "gaudi", "ascend")
 #: The backend that answers from a topology file or catalog name.
 SIMULATED = "simulated"
 #: Environment variable that makes :func:`discover` use the simulated backend.
@@ -348,7 +351,7 @@ def get_backend(name: str) -> Backend:
 
 
 def backends() -> dict[str, Backend]:
-    """Every registered backend by name: built-ins first (nvidia, amd, simulated), then plugins.
+    """Every registered backend by name: built-ins first (:data:`HARDWARE_ORDER`, simulated), then plugins.
 
     A plugin that failed to load is included as a stand-in whose ``available()``
     reports the :class:`~rayaccel.errors.PluginError` and whose ``discover()`` raises it.
@@ -438,7 +441,7 @@ def discover(backend: str | None = None) -> NodeTopology:
     Args:
         backend: a backend name; None picks one: ``simulated`` when
             ``RAYACCEL_TOPOLOGY`` is set, else the first available hardware backend
-            (nvidia, amd, then plugins in name order).
+            (:data:`HARDWARE_ORDER`, then plugins in name order).
 
     Raises:
         BackendUnavailable: no backend is available (lists each one's reason, and a hint).

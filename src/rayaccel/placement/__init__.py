@@ -6,6 +6,8 @@
 * :func:`place` / :func:`place_gang` -- the best node across a cluster; gangs of workers.
 * :func:`plan_mig_layout` -- new MIG instances for pending requests, as ``nvidia-smi mig`` commands.
 * :func:`allreduce_bandwidth_gbps` -- the modeled ring all-reduce bandwidth of a set.
+* :func:`node_units` / :func:`choose_units` / :func:`visible_env` -- Ray's slots of any
+  accelerator resource (GPUs, NeuronCores, TPU chips, Gaudi, Ascend, plugins) -> units.
 * :mod:`.baselines` -- Ray's first-free, go-gpuallocator's best-effort, random (benchmarks only).
 
 "The best set" follows docs/ARCHITECTURE.md: weakest link, then total bandwidth, (data
@@ -27,6 +29,7 @@ from .node import allocate
 from .request import INTERCONNECTS, Request, make_request
 from .result import Allocation, GangAllocation, Rejection, Score
 from .state import NodeState, as_state
+from .units import Unit, UnitChoice, choose_units, node_units, visible_env
 
 __all__ = [
     "INTERCONNECTS",
@@ -39,11 +42,16 @@ __all__ = [
     "Rejection",
     "Request",
     "Score",
+    "Unit",
+    "UnitChoice",
     "allreduce_bandwidth_gbps",
+    "choose_units",
     "place",
+    "node_units",
     "place_gang",
     "plan",
     "plan_mig_layout",
+    "visible_env",
 ]
 
 

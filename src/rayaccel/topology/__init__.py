@@ -4,7 +4,7 @@ Pure data, stdlib only. Everything above this layer (discovery, placement, the
 Ray layer, the CLI) speaks these types:
 
 * :mod:`.model`   the value types (:class:`Device`, :class:`Partition`, :class:`MigProfile`,
-  :class:`Link`, :class:`Nic`, :class:`Fabric`), the one bandwidth table and the bounds of every field
+  :class:`Link`, :class:`Nic`, :class:`Fabric`, :class:`Slice`), the one bandwidth table and the bounds of every field
 * :mod:`.node`    :class:`NodeTopology`: one node's devices, links and NICs, with queries
   and :meth:`~NodeTopology.validate`
 * :mod:`.codec`   its JSON form (``rayaccel.topology/1``): ``NodeTopology.to_dict`` /
@@ -20,7 +20,7 @@ from .domain import Domain, nvlink_domain, nvlink_domain_reason
 from .model import (
     DIRECT_KINDS, FABRIC_STATES, HEALTH_STATES, LANE_BANDWIDTH_GBPS, LINK_KINDS, MAX_DEVICES, MAX_INDEX, MAX_ITEMS,
     MAX_LANE_GBPS, MAX_LANES, MAX_MEMORY_BYTES, MAX_MIG_SLOTS, MAX_TEXT, NO_LINK_RANK, PCIE_BANDWIDTH_GBPS,
-    PCIE_CLASSES, UNKNOWN_PAIR_BANDWIDTH_GBPS, Device, Fabric, Link, MigProfile, Nic, Partition, make_link,
+    PCIE_CLASSES, UNKNOWN_PAIR_BANDWIDTH_GBPS, Device, Fabric, Link, MigProfile, Nic, Partition, Slice, make_link,
 )
 from .nics import near_nics
 from .node import NodeTopology
@@ -29,6 +29,6 @@ __all__ = [
     "DIRECT_KINDS", "Domain", "FABRIC_STATES", "HEALTH_STATES", "LANE_BANDWIDTH_GBPS", "LINK_KINDS", "MAX_DEVICES",
     "MAX_INDEX", "MAX_ITEMS", "MAX_LANES", "MAX_LANE_GBPS", "MAX_MEMORY_BYTES", "MAX_MIG_SLOTS", "MAX_TEXT",
     "NO_LINK_RANK", "PCIE_BANDWIDTH_GBPS", "PCIE_CLASSES", "SCHEMA", "UNKNOWN_PAIR_BANDWIDTH_GBPS", "Device",
-    "Fabric", "Link", "MigProfile", "Nic", "NodeTopology", "Partition", "make_link", "near_nics", "nvlink_domain",
+    "Fabric", "Link", "MigProfile", "Nic", "NodeTopology", "Partition", "Slice", "make_link", "near_nics", "nvlink_domain",
     "nvlink_domain_reason",
 ]

@@ -10,7 +10,7 @@ from ..errors import TopologyError
 from .model import (
     DIRECT_KINDS, FABRIC_STATES, HEALTH_STATES, LINK_KINDS, MAX_DEVICES, MAX_INDEX, MAX_ITEMS, MAX_LANE_GBPS,
     MAX_LANES, MAX_MEMORY_BYTES, MAX_MIG_SLOTS, MAX_NVML_RETURN, MAX_PORT, MAX_TEXT, MAX_UINT32, PCIE_CLASSES,
-    Device, Fabric,
+    Device, Fabric, Slice,
 )
 
 #: A fabric cluster UUID as NVML's 16 bytes print: canonical, lower case.
@@ -64,6 +64,12 @@ def _check_device(d: Device, where: str) -> None:
         _check_len(d.cpus, MAX_INDEX, f"{where}.cpus")
         for k, c in enumerate(d.cpus):
             _check_int(c, f"{where}.cpus[{k}]", 0, MAX_INDEX - 1)
+    _check_int(d.cores, f"{where}.cores", 1, MAX_ITEMS, nullable=True)
+    if d.coords is not None:
+        if not isinstance(d.coords, tuple) or not 1 <= len(d.coords) <= 3:
+            raise TopologyError(f"expected 1 to 3 ints (x, y, z), got {_short(d.coords)}", f"{where}.coords")
+        for k, c in enumerate(d.coords):
+            _check_int(c, f"{where}.coords[{k}]", 0, MAX_INDEX - 1)
     if d.fabric is not None:
         _check_fabric(d.fabric, f"{where}.fabric")
     _check_len(d.partitions, MAX_ITEMS, f"{where}.partitions")
@@ -124,11 +130,18 @@ def check_topology(topo: Any) -> None:
     for i, src in enumerate(topo.sources):
         _check_text(src, f"sources[{i}]", nullable=False)
     seen: set[int] = set()
+    coords_seen: dict[tuple[int, ...], int] = {}
     for i, d in enumerate(topo.devices):
         _check_device(d, f"devices[{i}]")
         if d.index in seen:
             raise TopologyError(f"duplicate device index {d.index}", f"devices[{i}].index")
         seen.add(d.index)
+        if d.coords is not None:
+            if d.coords in coords_seen:
+                raise TopologyError(f"coordinates {list(d.coords)} also belong to device {coords_seen[d.coords]}",
+                                    f"devices[{i}].coords")
+            coords_seen[d.coords] = d.index
+    _check_slice(topo.slice)
     pairs: set[tuple[int, int]] = set()
     for i, l in enumerate(topo.links):
         where = f"links[{i}]"
@@ -167,3 +180,20 @@ def check_topology(topo: Any) -> None:
             _check_int(dev, f"nics[{i}].paths[{j}]", 0, MAX_INDEX - 1)
             if cls not in PCIE_CLASSES:
                 raise TopologyError(f"unknown PCIe class {_short(cls)}", f"nics[{i}].paths[{j}]")
+
+
+#: A slice topology: chips per dimension, e.g. ``"2x2x4"`` (TPU v4/v5p) or ``"4x8"`` (v5e/v6e).
+_SLICE_SHAPE = re.compile(r"^[1-9][0-9]{0,4}(x[1-9][0-9]{0,4}){1,2}$")
+
+
+def _check_slice(sl: Any) -> None:
+    if sl is None:
+        return
+    if not isinstance(sl, Slice):
+        raise TopologyError(f"expected a Slice or null, got {type(sl).__name__}", "slice")
+    _check_text(sl.name, "slice.name")
+    _check_text(sl.accelerator_type, "slice.accelerator_type")
+    _check_int(sl.worker_id, "slice.worker_id", 0, MAX_INDEX - 1, nullable=True)
+    if sl.topology is not None and (not isinstance(sl.topology, str) or not _SLICE_SHAPE.match(sl.topology)):
+        raise TopologyError(f"expected chips per dimension such as '2x2x4' or '4x8', got {_short(sl.topology)}",
+                            "slice.topology")

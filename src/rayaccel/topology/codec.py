@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import TopologyError
 from ._checks import _check_device, _short
-from .model import Device, Fabric, Link, MigProfile, Nic, Partition
+from .model import Device, Fabric, Link, MigProfile, Nic, Partition, Slice
 
 SCHEMA = "rayaccel.topology/1"
 
@@ -30,6 +30,8 @@ def to_dict(topo: Any) -> dict[str, Any]:
         "devices": [_device_to_dict(d) for d in sorted(topo.devices, key=lambda d: d.index)],
         "links": [_link_to_dict(l) for l in sorted(topo.links, key=lambda l: (l.a, l.b))],
         "nics": [_nic_to_dict(n) for n in topo.nics],
+        **({"slice": {"name": topo.slice.name, "worker_id": topo.slice.worker_id, "topology": topo.slice.topology,
+                      "accelerator_type": topo.slice.accelerator_type}} if topo.slice is not None else {}),
     }
 
 
@@ -60,6 +62,7 @@ def from_dict(data: Mapping[str, Any], factory: Callable[..., Any]) -> Any:
         driver=_get(data, "driver", str, "", default=None, nullable=True),
         name=_get(data, "name", str, "", default=None, nullable=True),
         sources=tuple(_get(data, "sources", list, "", default=[])),
+        slice=_slice_from_dict(data.get("slice")),
     )
     return topo.validate()
 
@@ -149,6 +152,9 @@ def _device_to_dict(d: Device) -> dict[str, Any]:
             for m in d.mig_profiles
         ],
         **({"fabric": _fabric_to_dict(d.fabric)} if d.fabric is not None else {}),  # only where NVML reports one
+        # written only when known, so files of machines without them stay as they were
+        **({"cores": d.cores} if d.cores is not None else {}),
+        **({"coords": list(d.coords)} if d.coords is not None else {}),
     }
 
 
@@ -194,6 +200,7 @@ def _device_from_dict(d: Any, where: str) -> Device:
     if not isinstance(d, Mapping):
         raise TopologyError("expected an object", where)
     cpus = d.get("cpus")
+    coords = d.get("coords")
     dev = Device(
         index=_get(d, "index", int, where),
         vendor=_get(d, "vendor", str, where, default="nvidia"),
@@ -215,6 +222,8 @@ def _device_from_dict(d: Any, where: str) -> Device:
             for j, p in enumerate(_get(d, "mig_profiles", list, where, default=[]))
         ),
         fabric=_fabric_from_dict(d.get("fabric"), f"{where}.fabric"),
+        cores=_get(d, "cores", int, where, default=None, nullable=True),
+        coords=None if coords is None else _int_list(coords, f"{where}.coords"),
     )
     _check_device(dev, where)
     return dev
@@ -294,4 +303,17 @@ def _nic_from_dict(n: Any, where: str) -> Nic:
         paths=tuple(sorted(items)),
         rdma=_get(n, "rdma", bool, where, default=Nic.guess_rdma(name)),
         port=_get(n, "port", int, where, default=None, nullable=True),
+    )
+
+
+def _slice_from_dict(v: Any) -> Slice | None:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise TopologyError("expected an object or null", "slice")
+    return Slice(
+        name=_get(v, "name", str, "slice", default=None, nullable=True),
+        worker_id=_get(v, "worker_id", int, "slice", default=None, nullable=True),
+        topology=_get(v, "topology", str, "slice", default=None, nullable=True),
+        accelerator_type=_get(v, "accelerator_type", str, "slice", default=None, nullable=True),
     )

@@ -22,8 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Direct device-to-device link kinds (each lane counted in ``Link.count``).
-DIRECT_KINDS = ("nvlink", "xgmi", "neuronlink")
+#: Direct device-to-device link kinds (each lane counted in ``Link.count``): NVIDIA NVLink,
+#: AMD Infinity Fabric (xGMI), AWS NeuronLink, Google TPU ICI, Huawei Ascend HCCS, the
+#: RoCE ports Intel Gaudi integrates for its scale-up all-to-all (one lane = one port), and
+#: ``direct``: any other vendor's own device-to-device link (a plugin's fabric; give its
+#: per-lane figure in ``Link.lane_gbps``).
+DIRECT_KINDS = ("nvlink", "xgmi", "neuronlink", "ici", "hccs", "roce", "direct")
 #: All link kinds.
 LINK_KINDS = DIRECT_KINDS + ("pcie",)
 #: PCIe path classes, best first, as ``nvidia-smi topo -m`` names them.
@@ -36,11 +40,15 @@ FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
 #: NVLink gens 2-4 run 25 GB/s per link per direction (V100: 6 links = 300 GB/s
 #: bidirectional; A100: 12 = 600; H100/H200: 18 = 900). One AMD Infinity Fabric
 #: (xGMI) link is 50 GB/s (ROCm MI250 architecture doc). A NeuronLink-v2 lane is
-#: modeled at 48 GB/s.
+#: modeled at 48 GB/s. A TPU ICI link is 100 GB/s (v5p: 1200 GB/s bidirectional per chip
+#: over 6 links; v6e: 800 GB/s over 4). An Ascend HCCS link is 28 GB/s (910B: 392 GB/s
+#: bidirectional per chip over 7 links). A Gaudi RoCE port is 12.5 GB/s (Gaudi 2: 100 Gb/s
+#: per port; docs.habana.ai "Network Configuration").
 #: This is the default; a link whose lanes are known to run faster or slower
 #: (NVLink5 on GB200: 50 GB/s; MI300X Infinity Fabric: 64 GB/s) carries its own
 #: per-lane figure in :attr:`Link.lane_gbps`.
-LANE_BANDWIDTH_GBPS: dict[str, float] = {"nvlink": 25.0, "xgmi": 50.0, "neuronlink": 48.0}
+LANE_BANDWIDTH_GBPS: dict[str, float] = {"nvlink": 25.0, "xgmi": 50.0, "neuronlink": 48.0, "ici": 100.0,
+                                         "hccs": 28.0, "roce": 12.5, "direct": 25.0}
 
 #: Modeled per-direction peer-to-peer bandwidth over PCIe, by path class, GB/s
 #: (PCIe Gen4 x16 is ~32 GB/s per direction; ~80% is reached through one switch,
@@ -171,6 +179,11 @@ class Device:
         partitions: MIG instances present. mig_profiles: the MIG profile table.
         fabric: the NVLink fabric registration (:class:`Fabric`), or None where NVML reports none
             (before Hopper, no NVSwitch, or not discovered).
+        cores: schedulable compute cores on the device when Ray counts cores rather than
+            devices (AWS NeuronCores, as ``neuron-ls`` counts them under the current
+            logical-core configuration), else None.
+        coords: the device's position ``(x, y, z)`` on its host's chip grid (TPU chips on
+            the ICI grid, as libtpu numbers them), or None.
     """
 
     index: int
@@ -187,6 +200,8 @@ class Device:
     partitions: tuple[Partition, ...] = ()
     mig_profiles: tuple[MigProfile, ...] = ()
     fabric: Fabric | None = None
+    cores: int | None = None
+    coords: tuple[int, ...] | None = None
 
     def profile(self, name: str) -> MigProfile | None:
         """The MIG profile called ``name`` (``+me`` variants included), or None."""
@@ -255,6 +270,12 @@ class Link:
             return f"XGMI{self.count}" if self.count and self.count > 1 else "XGMI"
         if self.kind == "neuronlink":
             return "NL"
+        if self.kind in ("ici", "hccs"):
+            return self.kind.upper()
+        if self.kind == "roce":
+            return f"RoCE{self.count}" if self.count else "RoCE"
+        if self.kind == "direct":
+            return f"DL{self.count}" if self.count else "DL"
         return self.pcie or "?"
 
 
@@ -305,3 +326,20 @@ def make_link(a: int, b: int, kind: str, count: int | None = None, pcie: str | N
     if a > b:
         a, b = b, a
     return Link(a=a, b=b, kind=kind, count=count, pcie=pcie, lane_gbps=lane_gbps)
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """The multi-host slice a node is one host of (a TPU pod slice), as its metadata names it.
+
+    Attributes:
+        name: the slice's name (the TPU name / instance id; Ray's ``ray.io/tpu-slice-name``), or None.
+        worker_id: this host's index in the slice (``agent-worker-number``), or None.
+        topology: the slice's chip grid, e.g. ``"2x2x4"``, or None.
+        accelerator_type: the slice's type, e.g. ``"v4-32"`` (Ray's pod type), or None.
+    """
+
+    name: str | None = None
+    worker_id: int | None = None
+    topology: str | None = None
+    accelerator_type: str | None = None

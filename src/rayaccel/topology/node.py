@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from . import codec
 from ._checks import check_topology
-from .model import NO_LINK_RANK, UNKNOWN_PAIR_BANDWIDTH_GBPS, Device, Link, Nic, Partition
+from .model import NO_LINK_RANK, UNKNOWN_PAIR_BANDWIDTH_GBPS, Device, Link, Nic, Partition, Slice
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,7 @@ class NodeTopology:
     driver: str | None = None
     name: str | None = None
     sources: tuple[str, ...] = ()
+    slice: Slice | None = None
     _link_index: dict = field(default=None, init=False, repr=False, compare=False, hash=False)  # type: ignore[assignment]
 
     # ----------------------------------------------------------------- queries

@@ -9,8 +9,13 @@ Supported (auto-detected; several may appear in one text)::
     rocm-smi --showtopo | --showtoponuma    rocm         xGMI/PCIe links, NUMA nodes (every NUMA-line form)
     rocm-smi --json                         rocm         NUMA nodes, PCI bus, VRAM per card
     amd-smi topology                        amdsmi       xGMI/PCIe links, PCI bus ids
-    neuron-ls [--topology]                  neuron       devices, NeuronLink neighbours
+    neuron-ls [--topology|--wide|-a]        neuron       devices, NeuronCores, NeuronLink neighbours, CPU/NUMA
+    neuron-ls --json-output                 neuron       the same, from the JSON form
     hl-smi topo -c -N                       hlsmi        Gaudi CPU/NUMA affinity (no links)
+    npu-smi info -t topo                    npusmi       Ascend HCCS/PCIe links, CPU affinity
+    npu-smi info                            npusmi       Ascend models, PCI bus, HBM size, health
+    tpu-info                                tpu          TPU chips (type, /dev path -> chip index)
+    tpu-env metadata (KEY: 'value')         tpu          TPU host grid, chip coordinates, pod slice
 
 Recognised and rejected with a :class:`CaptureError` that says why:
 ``nvidia-smi topo -p2p`` (P2P status, not wiring) and ``nvidia-smi mig -lcip``/``-lci``.
@@ -33,7 +38,7 @@ from typing import Callable, Sequence
 
 from ...errors import CaptureError, TopologyError
 from ...topology import NodeTopology
-from . import amdsmi, hlsmi, mig, neuron, nvsmi_list, nvsmi_query, nvsmi_topo, rocm
+from . import amdsmi, hlsmi, mig, neuron, npusmi, nvsmi_list, nvsmi_query, nvsmi_topo, rocm, tpu
 from ._base import Fragment, Line, clean_lines
 from .combine import combine
 
@@ -44,8 +49,13 @@ FORMATS: tuple[tuple[str, Callable[[list[Line]], bool], Callable[[list[Line], st
     ("rocm-smi --json", rocm.detect_json, rocm.parse_json),
     ("rocm-smi --showtopo", rocm.detect, rocm.parse),
     ("amd-smi topology", amdsmi.detect, amdsmi.parse),
+    ("neuron-ls --json-output", neuron.detect_json, neuron.parse_json),
     ("neuron-ls", neuron.detect, neuron.parse),
     ("hl-smi topo -c -N", hlsmi.detect, hlsmi.parse),
+    ("npu-smi info -t topo", npusmi.detect_topo, npusmi.parse_topo),
+    ("npu-smi info", npusmi.detect_info, npusmi.parse_info),
+    ("tpu-env", tpu.detect_env, tpu.parse_env),
+    ("tpu-info", tpu.detect_info, tpu.parse_info),
     ("nvidia-smi mig", mig.detect, mig.parse),
     ("nvidia-smi -L", nvsmi_list.detect, nvsmi_list.parse),
     ("nvidia-smi -q", nvsmi_query.detect, nvsmi_query.parse),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import CaptureError
-from ...topology import Link, Nic
+from ...topology import Link, Nic, Slice
 
 #: Shell prompt carrying ``user@host`` (``[u@h ~]$``, ``u@h:~$``, ``root@pod:/#``).
 _PROMPT = re.compile(r"(?:^|[\s\[(])[\w.+-]+@([A-Za-z0-9][\w.-]*)(?:[:\s~\]]|$).*?[$#>]")
@@ -52,6 +52,7 @@ class Fragment:
         pcie_only: True for ``nvidia-smi topo -mp`` (no NVLink shown).
         placements: ``(gpu, profile id)`` -> ``(starts, slots, name or None)``
             from ``nvidia-smi mig -lgipp`` placement lines.
+        slice: the multi-host slice the machine belongs to (TPU metadata), or None.
     """
 
     format: str
@@ -65,6 +66,7 @@ class Fragment:
     pcie_only: bool = False
     placements: dict[tuple[int, int], tuple[tuple[int, ...], int, str | None]] = field(default_factory=dict)
     first_line: int | None = None
+    slice: Slice | None = None
 
     def device(self, index: int, **fields: Any) -> dict[str, Any]:
         """The field dict of device ``index`` (created on first use), updated with ``fields``."""

@@ -113,6 +113,10 @@ def combine(frags: Sequence[Fragment], *, name: str | None, sources: tuple[str, 
         mp = next(f for f in frags if f.pcie_only)
         warnings.append(f"{mp.path}: `nvidia-smi topo -mp` shows PCIe paths only: NVLink, if any, is not "
                         "visible (import it together with `nvidia-smi topo -m` of the same machine)")
+    slices = [f for f in frags if f.slice is not None]
+    for f in slices[1:]:
+        if f.slice != slices[0].slice:
+            warnings.append(f"{f.path}: slice {f.slice} differs from {slices[0].slice} ({slices[0].path}); kept the first")
     topo = NodeTopology(
         devices=tuple(built),
         links=_merge_links(frags, warnings),
@@ -120,6 +124,7 @@ def combine(frags: Sequence[Fragment], *, name: str | None, sources: tuple[str, 
         hostname=next(iter(hosts), None),
         name=name,
         sources=sources,
+        slice=slices[0].slice if slices else None,
     )
     try:
         topo.validate()

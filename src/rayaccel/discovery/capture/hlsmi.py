@@ -1,7 +1,7 @@
 """``hl-smi topo -c -N``: Intel Gaudi modules with their CPU and NUMA affinity.
 
 This view has no device-to-device links, so it imports devices only (vendor
-``"intel"``, model ``"Gaudi"``: the table does not name the generation) with
+``"habana"`` (Ray: "Intel Habana (HPU)"), model ``"Gaudi"``: the table does not name the generation) with
 ``cpus`` and ``numa_node``, plus a warning that no links were imported.
 """
 
@@ -51,7 +51,7 @@ def parse(lines: list[Line], path: str) -> list[Fragment]:
             raise fail(f"module {idx}: NUMA affinity {parts[1]!r} is not a node number", path, ln.no)
         if idx in frag.devices:
             raise fail(f"module {idx} listed twice", path, ln.no)
-        frag.device(idx, vendor="intel", model="Gaudi", cpus=cpus, numa_node=numa)
+        frag.device(idx, vendor="habana", model="Gaudi", cpus=cpus, numa_node=numa)
     if not frag.devices:
         raise fail("the hl-smi table has no module rows", path, lines[start].no)
     frag.warn("`hl-smi topo -c -N` gives CPU/NUMA affinity only: no device links imported")
