@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import fields
 
+from ..discovery.rayspec import RaySpec
 from ..placement import NodeState, Request, allocate
 from ..placement.pools import gpu_pool, mig_pools
+from ..placement.units import node_units
 from ..topology import NodeTopology, near_nics
 from .placer import bundle_order
 from .state import GPU
@@ -31,11 +34,26 @@ def gpu_vendor(topology: NodeTopology) -> str:
     return vendors.pop() if len(vendors) == 1 else "nvidia"
 
 
-def build_table(topology: NodeTopology, node_key: str, simulated: bool) -> NodeTable:
-    """The node table of ``topology`` (see :mod:`.table`): each device's nearest RDMA NICs come from
-    :func:`rayaccel.topology.near_nics` (PIX, else PXB; none farther)."""
-    pool = tuple(gpu_pool(topology))
-    resources = {GPU: ResourceTable(GPU, "units", pool, {d: d for d in pool}, {}, plans(topology, pool))}
+def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: RaySpec | None = None) -> NodeTable:
+    """The node table of ``topology`` (see :mod:`.table`).
+
+    Args:
+        spec: how the node's accelerators appear to Ray (:func:`rayaccel.discovery.spec_for`);
+            None or a ``GPU`` spec: Ray's ``GPU`` pool (:func:`~rayaccel.placement.pools.gpu_pool`)
+            and MIG instances; any other family: its resource's units (NeuronCores, TPU chips,
+            Gaudi modules, a plugin's devices: :func:`~rayaccel.placement.units.node_units`), chosen
+            by :func:`~rayaccel.placement.units.choose_units` at the grant.
+
+    Each device's nearest RDMA NICs come from :func:`rayaccel.topology.near_nics` (PIX, else PXB).
+    """
+    resources: dict[str, ResourceTable] = {}
+    if spec is None or spec.resource == GPU:
+        pool = tuple(gpu_pool(topology))
+        resources[GPU] = ResourceTable(GPU, "units", pool, {d: d for d in pool}, {}, plans(topology, pool))
+    else:
+        units = node_units(topology, spec)
+        resources[spec.resource] = ResourceTable(spec.resource, "units", tuple(u.id for u in units),
+                                                 {u.id: u.device for u in units}, {}, None, spec_fields(spec))
     parent = {p.key: p.parent for p in topology.partitions()}
     uuids = {p.key: p.uuid for p in topology.partitions() if p.uuid}
     for r, units in mig_pools(topology).items():
@@ -43,10 +61,20 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool) -> NodeT
         resources[r] = ResourceTable(r, "mig", units, {u: parent[u] for u in units},
                                      {u: uuids[u] for u in units if u in uuids})
     vendor = gpu_vendor(topology)
+    env = spec.visible_env[0] if spec is not None and spec.resource == GPU else VISIBLE_ENV.get(vendor,
+                                                                                             "CUDA_VISIBLE_DEVICES")
     cpus = {d.index: tuple(d.cpus) for d in topology.devices if d.cpus}
     nics = {d.index: near for d in topology.devices if (near := near_nics(topology, [d.index]))}
-    return NodeTable(node_key, simulated, vendor, VISIBLE_ENV.get(vendor, "CUDA_VISIBLE_DEVICES"), resources, cpus,
-                     nics)
+    return NodeTable(node_key, simulated, vendor, env, resources, cpus, nics)
+
+
+def spec_fields(spec: RaySpec) -> dict:
+    """A spec as the table stores it (JSON-ready; :func:`rayaccel.arbiter.placer.spec_of` reads it back)."""
+    return {f.name: _plain(getattr(spec, f.name)) for f in fields(spec)}
+
+
+def _plain(v: object) -> object:
+    return [_plain(x) for x in v] if isinstance(v, tuple) else v
 
 
 def plans(topology: NodeTopology, pool: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:

@@ -29,9 +29,10 @@ class TableChooser:
         if self._placer is None:
             # Imported here, not at the top: the placer and the topology model cost tens of
             # milliseconds to import, which a worker whose grants the table answers never pays.
-            from .placer import PlacerChooser
+            from .placer import PlacerChooser, spec_of
 
-            self._placer = PlacerChooser(self._topology())
+            specs = {r: spec_of(t.spec) for r, t in self.table.resources.items() if t.spec}
+            self._placer = PlacerChooser(self._topology(), specs)
         return self._placer
 
     def _plan(self, resource: str, avail: frozenset, k: int) -> str | None:

@@ -118,15 +118,15 @@ def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: Ch
             w = whole.get(r)
             if w and had and not w.isdisjoint([s for s, _ in had]):
                 holders[p] = h = h._replace(slots={**h.slots, r: tuple((s, f) for s, f in had if s not in w)})
-    pinned = _pinned(holders, pools, table, {*req.slots, GPU})
+    pinned = _pinned(holders, pools, table, {*req.slots, *table.unit_resources()})
     since = before.since if before is not None and before.key == req.key else now
     info = req.info
-    if req.drain is not None and req.slots.get(GPU):
-        # A drain placeholder never uses a device: it records its slot and is moved onto its target.
+    if req.drain is not None and any(req.slots.values()):
+        # A drain placeholder never uses a device: it records its slots and is moved onto its target.
         holders[req.pid] = Holder(req.key, dict(req.slots), since, info.get("name", ""), info.get("kind", ""),
                                   info.get("job", ""), drain=req.drain)
         _settle_drains(pools, holders, pinned, table)
-        got = {GPU: tuple(pools[GPU][s] for s, _ in req.slots[GPU])}
+        got = {r: tuple(pools[r][s] for s, _ in slots) for r, slots in req.slots.items() if r in pools}
         return _state(st, pools, holders, pgs), Grant(got)
     _settle_drains(pools, holders, pinned, table)
     units: dict[str, tuple] = {}
@@ -174,24 +174,34 @@ def _pinned(holders: Mapping[int, Holder], pools: Mapping[str, list], table: Nod
 
 
 def _settle_drains(pools: dict, holders: Mapping[int, Holder], pinned: dict[str, set[int]], table: NodeTable) -> None:
-    """Move each drain placeholder's slot onto its target device once nobody uses that device."""
-    gpu = pools.get(GPU)
-    if not gpu or all(h.drain is None for h in holders.values()):
-        return
-    where = {d: s for s, d in enumerate(gpu)}
-    mine = pinned.setdefault(GPU, set())
-    for h in holders.values():
-        target = h.drain
-        slots = [s for s, _ in h.slots.get(GPU, ())]
-        if target is None or not slots or target not in where or any(gpu[s] == target for s in slots):
-            continue
-        u = where[target]
-        if u in mine:
-            continue  # still in use: the placeholder moves there once it frees
-        t = slots[0]
-        gpu[t], gpu[u] = gpu[u], gpu[t]
-        where[gpu[t]], where[gpu[u]] = t, u
-        mine.add(t)
+    """Move each drain placeholder's slots onto its target device's units once nobody uses them.
+
+    A placeholder holds as many slots as its device has units (one GPU; a Trainium device's
+    NeuronCores; ...); each slot not yet on the device swaps images with a slot of a target
+    unit that no live holder pins.
+    """
+    placeholders = [h for h in holders.values() if h.drain is not None]
+    for h in placeholders:
+        for r, slots in h.slots.items():
+            t = table.resources.get(r)
+            pool = pools.get(r)
+            if t is None or t.kind != "units" or not pool:
+                continue
+            mine = pinned.setdefault(r, set())
+            where = {u: s for s, u in enumerate(pool)}
+            targets = [u for u in t.units if t.device_of.get(u) == h.drain and u in where]
+            have = {pool[s] for s, _ in slots if 0 <= s < len(pool)}
+            for s, _ in slots:
+                if not 0 <= s < len(pool) or pool[s] in targets:
+                    continue
+                target = next((u for u in targets if u not in have and where[u] not in mine), None)
+                if target is None:
+                    continue  # still in use: the placeholder moves there once it frees
+                u = where[target]
+                pool[s], pool[u] = pool[u], pool[s]
+                where[pool[s]], where[pool[u]] = s, u
+                have.add(target)
+                mine.add(s)
 
 
 def _reserved(holders: Mapping[int, Holder], pgs: Mapping[str, Reservation], req: GrantRequest,

@@ -11,25 +11,37 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
+from ..discovery.rayspec import RaySpec
 from ..placement import NodeState, Request, allocate
+from ..placement.units import choose_units
 from ..topology import NodeTopology
 from .state import GPU
 
 
 class PlacerChooser:
-    """Chooses ``GPU`` units (devices) with :func:`rayaccel.placement.allocate`.
+    """Chooses units: ``GPU`` devices with :func:`rayaccel.placement.allocate`, any other family's
+    units (NeuronCores, TPU chips, Gaudi modules, a plugin's devices) with
+    :func:`rayaccel.placement.units.choose_units`.
 
     Args:
         topology: the node's topology.
+        specs: resource -> its :class:`~rayaccel.discovery.RaySpec`, for the families other than GPUs.
     """
 
-    def __init__(self, topology: NodeTopology):
+    def __init__(self, topology: NodeTopology, specs: Mapping[str, RaySpec] | None = None):
         self.topology = topology
+        self.specs = dict(specs or {})
         self._all = frozenset(topology.indices)
 
     def choose(self, resource: str, avail: frozenset, k: int, request: Any) -> tuple[tuple | None, str]:
         if resource != GPU:
-            return None, f"no placer for {resource} on this node"
+            spec = self.specs.get(resource)
+            if spec is None:
+                return None, f"no placer for {resource} on this node"
+            got = choose_units(self.topology, spec, avail, k, request)
+            if not got:
+                return None, "; ".join(got.reasons) or f"no suitable {resource} units among the free ones"
+            return tuple(got.units), ""
         if request is None:
             request = Request(gpus=k)
         elif request.gpus != k:
@@ -44,7 +56,9 @@ class PlacerChooser:
         got, _ = self.choose(resource, avail, n, None)
         if got is None:
             return None
-        order = bundle_order(self.topology, list(got), [sizes[b] for b in sorted(sizes)])
+        # GPUs: the ring arranged for the bundles; other units come in their family's order already
+        order = bundle_order(self.topology, list(got), [sizes[b] for b in sorted(sizes)]) if resource == GPU \
+            else list(got)
         out, i = {}, 0
         for b in sorted(sizes):
             out[b] = tuple(order[i:i + sizes[b]])
@@ -92,3 +106,15 @@ def bundle_order(topology: NodeTopology, order: list[int], sizes: list[int]) -> 
         return (bundle_q(o), is_best, o == sorted(o))
 
     return list(max(variants, key=key))
+
+
+def spec_of(fields: Mapping[str, Any]) -> RaySpec:
+    """The :class:`~rayaccel.discovery.RaySpec` a node table stores as fields (:func:`.build.spec_fields`).
+
+    Raises:
+        PluginError: the fields do not make a valid spec (a damaged table).
+    """
+    def tup(v: Any) -> Any:
+        return tuple(tup(x) for x in v) if isinstance(v, list) else v
+
+    return RaySpec(**{k: tup(v) for k, v in fields.items()})

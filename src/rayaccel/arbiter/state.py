@@ -227,6 +227,7 @@ class SnapshotHolder(NamedTuple):
     drain: int | None
     pg: str | None
     bundle: int | None
+    units: Mapping[str, tuple[int, ...]] = {}  # resource -> unit ids, for families other than GPUs
 
 
 class Snapshot(NamedTuple):
@@ -241,6 +242,8 @@ class Snapshot(NamedTuple):
             grants / of grants since the last snapshot. unhooked_slots: GPU slots Ray shows in
             use beyond hooked holders. agent_errors: failed agent periods. health: the watcher's
             summary (``worst``, ``events``, ...) or ``{"error": ...}``. lock: a lock held long, or None.
+        pool: the devices behind the node's unit resources (``GPU``'s pool, or the devices of the
+            node's NeuronCores, TPU chips, ...), or None when not known (then: the GPU pool).
     """
 
     at: float
@@ -259,19 +262,34 @@ class Snapshot(NamedTuple):
     agent_errors: int = 0
     health: Mapping[str, Any] = {}
     lock: LockInfo | None = None
+    pool: tuple[int, ...] | None = None
 
     def waiting(self) -> tuple[SnapshotHolder, ...]:
         """Holders whose grant waits."""
         return tuple(h for h in self.holders if h.waiting)
 
 
-def snapshot_of(st: ArbiterState, device_of: Any, *, at: float, alive: Any = None) -> Snapshot:
+def snapshot_of(st: ArbiterState, device_of: Any, *, at: float, alive: Any = None,
+                unit_resources: tuple[str, ...] = (GPU,)) -> Snapshot:
     """The publishable snapshot of a state (pure). ``device_of(resource, unit)`` -> device or None.
 
-    Holders whose process is not ``alive`` (when given) are left out.
+    ``unit_resources`` are the node's resources whose units are devices' (``GPU``, or
+    ``neuron_cores``, ``TPU``, ...; not MIG profiles): their devices form the snapshot's
+    ``pool``; a device some of whose units are held is ``shared`` by the held fraction (a GPU
+    by its memory shares, a Trainium device by its NeuronCores). Holders whose process is
+    not ``alive`` (when given) are left out.
     """
-    gpu = st.pools.get(GPU, ())
+    res = [r for r in unit_resources if r in st.pools]
+    pool: set[int] = set()
+    total: dict[tuple[str, int], int] = {}
+    for r in res:
+        for u in st.pools[r]:
+            d = device_of(r, u)
+            if d is not None:
+                pool.add(d)
+                total[(r, d)] = total.get((r, d), 0) + 1
     used: set[int] = set()
+    used_units: dict[tuple[str, int], int] = {}
     mig_held: set[str] = set()
     slots_held = 0.0
     shared: dict[int, float] = {}
@@ -279,29 +297,49 @@ def snapshot_of(st: ArbiterState, device_of: Any, *, at: float, alive: Any = Non
     for pid, h in sorted(st.holders.items(), key=lambda kv: kv[1].since):
         if alive is not None and not alive(pid):
             continue
-        devs = [gpu[s] for s, _ in h.slots.get(GPU, ()) if 0 <= s < len(gpu)]
-        on_target = h.drain is not None and h.drain in devs
-        for s, f in h.slots.get(GPU, ()):
-            slots_held += f
-            if not h.waiting and (h.drain is None or on_target) and 0 <= s < len(gpu):
-                used.add(gpu[s])
-                if f < 1 - EPS:
-                    shared[gpu[s]] = shared.get(gpu[s], 0.0) + f
+        devs: list[int] = []
+        units: dict[str, tuple[int, ...]] = {}
+        for r in res:
+            pl = st.pools[r]
+            mine = [pl[s] for s, _ in h.slots.get(r, ()) if 0 <= s < len(pl)]
+            if r != GPU and mine:
+                units[r] = tuple(mine)
+            for u in mine:
+                d = device_of(r, u)
+                if d is not None and d not in devs:
+                    devs.append(d)
+        active = not h.waiting and (h.drain is None or h.drain in devs)
+        for r in res:
+            pl = st.pools[r]
+            for s, f in h.slots.get(r, ()):
+                if r == GPU:
+                    slots_held += f
+                if not active or not 0 <= s < len(pl):
+                    continue
+                d = device_of(r, pl[s])
+                used.add(d)
+                if r == GPU and f < 1 - EPS:
+                    shared[d] = shared.get(d, 0.0) + f
+                elif r != GPU:
+                    used_units[(r, d)] = used_units.get((r, d), 0) + 1
         parts = []
         for r, slots in h.slots.items():
             if r.startswith("mig_"):
-                units = st.pools.get(r, ())
-                parts += [units[s] for s, _ in slots if 0 <= s < len(units)]
+                pl = st.pools.get(r, ())
+                parts += [pl[s] for s, _ in slots if 0 <= s < len(pl)]
         if not h.waiting:
             mig_held.update(parts)
         holders.append(SnapshotHolder(pid, h.name, h.kind, h.job, h.key.split(":")[-1], h.since,
                                       () if h.waiting else tuple(devs), tuple(parts),
                                       any(f < 1 - EPS for _, f in h.slots.get(GPU, ())), h.waiting, h.drain,
-                                      h.pg, h.bundle))
-    free = tuple(sorted(d for d in gpu if d not in used and d not in st.drained))
+                                      h.pg, h.bundle, {} if h.waiting else units))
+    for (r, d), n in used_units.items():
+        if n < total.get((r, d), 0):
+            shared[d] = max(shared.get(d, 0.0), n / total[(r, d)])
+    free = tuple(sorted(d for d in pool if d not in used and d not in st.drained))
     return Snapshot(at=at, free=free, holders=tuple(holders), drained=dict(st.drained),
                     mig_held=tuple(sorted(mig_held)), shared={k: round(v, 4) for k, v in shared.items()},
-                    slots_held=round(slots_held, 4), resets=st.resets, pgs=dict(st.pgs))
+                    slots_held=round(slots_held, 4), resets=st.resets, pgs=dict(st.pgs), pool=tuple(sorted(pool)))
 
 
 def device_state(index: int, snap: Snapshot | None, *, pool: frozenset[int] | set[int],
@@ -310,8 +348,12 @@ def device_state(index: int, snap: Snapshot | None, *, pool: frozenset[int] | se
 
     Args:
         snap: the node's snapshot (None: nothing known yet -- a pool device is then free).
-        pool: the devices of Ray's ``GPU`` pool. partitioned: devices with MIG instances.
+        pool: the devices of Ray's ``GPU`` pool, used when the snapshot does not name its own
+            (``Snapshot.pool``: the devices behind the node's unit resources, whatever the family).
+        partitioned: devices with MIG instances.
     """
+    if snap is not None and snap.pool is not None:
+        pool = snap.pool
     if snap is not None and index in snap.drained:
         return "drained"
     if index in partitioned:
@@ -331,7 +373,8 @@ def encode_snapshot(s: Snapshot) -> str:
     """The snapshot as published (compact JSON)."""
     return json.dumps({
         "at": s.at, "node_key": s.node_key, "free": list(s.free),
-        "holders": [dict(h._asdict(), devices=list(h.devices), partitions=list(h.partitions)) for h in s.holders],
+        "holders": [dict(h._asdict(), devices=list(h.devices), partitions=list(h.partitions),
+                         units={r: list(u) for r, u in h.units.items()}) for h in s.holders],
         "drained": {str(d): v._asdict() for d, v in s.drained.items()},
         "mig_held": list(s.mig_held), "shared": {str(k): v for k, v in s.shared.items()},
         "slots_held": s.slots_held, "resets": s.resets,
@@ -340,6 +383,7 @@ def encode_snapshot(s: Snapshot) -> str:
         "decisions": [list(x) for x in s.decisions], "new_decisions": [list(x) for x in s.new_decisions],
         "unhooked_slots": s.unhooked_slots, "agent_errors": s.agent_errors, "health": dict(s.health),
         "lock": s.lock._asdict() if s.lock is not None else None,
+        "pool": list(s.pool) if s.pool is not None else None,
     }, separators=(",", ":"))
 
 
@@ -383,11 +427,16 @@ def decode_snapshot(raw: bytes | str, where: str) -> Snapshot:
                 raise bad(f"holders[].{key}", "an int")
         if h.get("since") is not None and not _is_num(h["since"]):
             raise bad("holders[].since", "a number")
+        units = h.get("units", {})
+        if not isinstance(units, dict) or not all(isinstance(v, list) and all(_is_int(x) for x in v)
+                                                  for v in units.values()):
+            raise bad("holders[].units", "an object of unit id lists")
         out_h.append(SnapshotHolder(h.get("pid") or 0, h.get("name") or "", h.get("kind") or "", h.get("job") or "",
                                     h.get("id") or "", h.get("since"),
                                     tuple(x for x in h.get("devices", []) if _is_int(x)),
                                     tuple(str(x) for x in h.get("partitions", [])), bool(h.get("shared")),
-                                    h.get("waiting"), h.get("drain"), h.get("pg"), h.get("bundle")))
+                                    h.get("waiting"), h.get("drain"), h.get("pg"), h.get("bundle"),
+                                    {str(r): tuple(v) for r, v in units.items()}))
     drained = d.get("drained", {})
     if not isinstance(drained, dict) or not all(isinstance(v, dict) for v in drained.values()):
         raise bad("drained", "an object of objects")
@@ -437,11 +486,15 @@ def decode_snapshot(raw: bytes | str, where: str) -> Snapshot:
     node_key = d.get("node_key", "")
     if not isinstance(node_key, str):
         raise bad("node_key", "a string")
+    pool = d.get("pool")
+    if pool is not None and (not isinstance(pool, list) or not all(_is_int(i) for i in pool)):
+        raise bad("pool", "a list of device indices or null")
     return Snapshot(at=float(d.get("at", 0)), node_key=node_key, free=tuple(free), holders=tuple(out_h),
                     drained=out_d, mig_held=tuple(mig), shared={int(k): float(v) for k, v in shared.items()},
                     slots_held=float(d.get("slots_held", 0)), resets=d.get("resets", 0), pgs=pgs,
                     decisions=decisions, new_decisions=new, unhooked_slots=float(d.get("unhooked_slots", 0)),
-                    agent_errors=d.get("agent_errors", 0), health=health, lock=lock)
+                    agent_errors=d.get("agent_errors", 0), health=health, lock=lock,
+                    pool=tuple(pool) if pool is not None else None)
 
 
 def _decisions(v: Any, bad: Any, name: str) -> tuple:

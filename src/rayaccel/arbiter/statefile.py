@@ -275,7 +275,8 @@ class Arbiter:
 
     def snapshot(self, timeout_s: float | None = None) -> Snapshot:
         """The node's snapshot (live holders only) for status and metrics."""
-        return snapshot_of(self.read(timeout_s), self.table.device_of, at=time.time(), alive=self.alive)
+        return snapshot_of(self.read(timeout_s), self.table.device_of, at=time.time(), alive=self.alive,
+                           unit_resources=self.table.unit_resources())
 
     # ------------------------------------------------------------------ the decision log
     def _log_decision(self, seconds: float, g: D.Grant) -> None:

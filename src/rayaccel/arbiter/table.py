@@ -44,6 +44,8 @@ class ResourceTable(NamedTuple):
         uuid_of: unit -> the name the visible-devices variable uses for it when not the unit itself
             (MIG instances: their UUID).
         plans: precomputed plain decisions (module docstring): ``plans[k - 1][mask]``, or None.
+        spec: for an accelerator family other than GPUs, its :class:`~rayaccel.discovery.RaySpec`
+            as a dict of fields (what the placer and the visible variables need), else None.
     """
 
     name: str
@@ -52,6 +54,19 @@ class ResourceTable(NamedTuple):
     device_of: Mapping[Any, int]
     uuid_of: Mapping[Any, str]
     plans: tuple[tuple[str, ...], ...] | None = None
+    spec: Mapping[str, Any] | None = None
+
+    def visible_env(self) -> tuple[str, ...]:
+        """The variables naming this resource's units in a worker (empty for GPUs and MIG: the node's)."""
+        return tuple(self.spec["visible_env"]) if self.spec else ()
+
+    def noset_env(self) -> tuple[str, ...]:
+        """``RAY_EXPERIMENTAL_NOSET_<VAR>`` names: when one is true in a worker, nothing is written."""
+        return tuple(self.spec.get("noset_env") or ()) if self.spec else ()
+
+    def needs_topology_for_env(self) -> bool:
+        """True when the variables depend on where the units sit (TPU bounds), not only on their ids."""
+        return bool(self.spec) and bool(self.spec.get("bounds_env") or self.spec.get("whole_host_unsets"))
 
     def plan(self, positions_mask: int, k: int) -> str | None:
         """The precomputed entry for ``k`` units among free pool positions ``positions_mask`` (None: not stored)."""
@@ -84,6 +99,10 @@ class NodeTable(NamedTuple):
         """Ray resource -> its units (what the arbiter's slot maps permute)."""
         return {r: t.units for r, t in self.resources.items()}
 
+    def unit_resources(self) -> tuple[str, ...]:
+        """The resources whose units are devices' (``GPU`` or the node's other family; not MIG profiles)."""
+        return tuple(r for r, t in self.resources.items() if t.kind == "units")
+
     def device_of(self, resource: str, unit: Any) -> int | None:
         """The device of ``unit`` of ``resource`` (None when unknown)."""
         t = self.resources.get(resource)
@@ -98,7 +117,8 @@ def encode_table(t: NodeTable) -> bytes:
         "resources": {r: {"kind": x.kind, "units": list(x.units),
                           "devices": [x.device_of[u] for u in x.units],
                           "uuids": [x.uuid_of.get(u) for u in x.units],
-                          "plans": [",".join(row) for row in x.plans] if x.plans is not None else None}
+                          "plans": [",".join(row) for row in x.plans] if x.plans is not None else None,
+                          "spec": dict(x.spec) if x.spec is not None else None}
                       for r, x in t.resources.items()},
         "cpus": {str(d): _ranges(c) for d, c in t.cpus.items()},
         "nics": {str(d): list(n) for d, n in t.nics.items() if n},
@@ -126,9 +146,13 @@ def decode_table(raw: bytes) -> NodeTable:
             if len(devs) != len(units) or len(uuids) != len(units) or not all(isinstance(i, int) for i in devs):
                 raise StateError("devices/uuids must list one entry per unit", f"resources.{r}")
             plans = x.get("plans")
+            spec = x.get("spec")
+            if spec is not None and (not isinstance(spec, dict) or not isinstance(spec.get("visible_env"), list)):
+                raise StateError("spec must be an object with visible_env", f"resources.{r}")
             res[r] = ResourceTable(r, str(x["kind"]), units, dict(zip(units, devs)),
                                    {u: v for u, v in zip(units, uuids) if v},
-                                   tuple(tuple(row.split(",")) for row in plans) if plans is not None else None)
+                                   tuple(tuple(row.split(",")) for row in plans) if plans is not None else None,
+                                   spec)
         cpus = {int(k): _parse_ranges(v) for k, v in d.get("cpus", {}).items()}
         nics = {int(k): tuple(v) for k, v in d.get("nics", {}).items()}
         return NodeTable(str(d["node_key"]), bool(d["simulated"]), str(d["vendor"]), str(d["visible_env"]),

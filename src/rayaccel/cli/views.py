@@ -81,8 +81,10 @@ def status_tables(data: dict) -> list[Any]:
 def _node_tables(nodes: list[dict]) -> list[Any]:
     out: list[Any] = []
     for n in nodes:
+        res = n.get("resource") or "GPU"
         title = Text(f"{n['name'] or n['node_key']} (node {n['node_id'][:12]}, key {n['node_key']}"
-                     f"{', simulated' if n['simulated'] else ''}): {n['free']}/{len(n['devices'])} free")
+                     f"{', simulated' if n['simulated'] else ''}): {n['free']}/{len(n['devices'])} free"
+                     + (f", Ray resource {res} (one per {n.get('unit') or 'device'})" if res != "GPU" else ""))
         t = Table(title=title, title_justify="left")
         for col in ("dev", "model", "memory", "state", "held by", "note"):
             t.add_column(col)

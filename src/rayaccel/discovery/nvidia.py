@@ -52,6 +52,7 @@ from typing import Any
 
 from ..errors import BackendError, BackendUnavailable
 from ..topology import FABRIC_STATES, Device, Fabric, Link, MigProfile, NodeTopology, Partition
+from .rayspec import NVIDIA
 from .registry import BackendInfo
 
 _INSTALL_HINT = "pip install nvidia-ml-py (or `pip install rayaccel`), on a machine with the NVIDIA driver"
@@ -136,6 +137,8 @@ class NvidiaBackend:
     """
 
     name = "nvidia"
+    #: How NVIDIA GPUs appear to Ray (``GPU``, ``CUDA_VISIBLE_DEVICES``, Ray's NVML-name rule).
+    ray_spec = NVIDIA
 
     def __init__(self, nvml: Any = None, *, sysfs_root: str | Path = "/sys"):
         self._nvml = nvml

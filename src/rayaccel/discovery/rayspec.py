@@ -183,8 +183,6 @@ NPU = RaySpec(vendor="huawei", resource="NPU", unit="device", visible_env=("ASCE
               accelerator_type="ascend", noset_env=("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",))
 #: Every built-in spec, by vendor.
 BUILTIN_SPECS: dict[str, RaySpec] = {s.vendor: s for s in (NVIDIA, AMD, NEURON, TPU, HPU, NPU)}
-#: Built-in backends whose module does not declare ``ray_spec`` yet (their spec, by backend name).
-_UNDECLARED_BUILTINS = {"nvidia": NVIDIA}
 
 
 # ----------------------------------------------------------------------- naming
@@ -363,8 +361,7 @@ def _declared(name: str, backend: Any) -> tuple[RaySpec, ...]:
     except _PLUGIN_FAULTS as e:  # a plugin's property that raises is the plugin's fault: name it
         raise PluginError(f"ray_spec cannot be read: {_describe(e)}", backend=name) from e
     if value is None:
-        spec = _UNDECLARED_BUILTINS.get(name)
-        return (spec,) if spec is not None else ()
+        return ()
     specs = value if isinstance(value, tuple) else (value,)
     for s in specs:
         if not isinstance(s, RaySpec):

@@ -129,7 +129,8 @@ class NodeAgent:
             gone = {g for g in D.memberless_groups(st) if not pg_alive(g)}
             if gone and self.arbiter.forget_groups(gone):
                 st = st._replace(pgs={g: r for g, r in st.pgs.items() if g not in gone})
-            snap = snapshot_of(st, self.table.device_of, at=time.time(), alive=self.arbiter.alive)
+            snap = snapshot_of(st, self.table.device_of, at=time.time(), alive=self.arbiter.alive,
+                               unit_resources=self.table.unit_resources())
         else:
             log.warning("rayaccel agent %s: the node lock is held by pid %s (%s) for %.1f s; publishing the last "
                         "snapshot", self.node_key, lock.pid if lock else "?", lock.what if lock else "?",
@@ -189,7 +190,7 @@ class NodeAgent:
             raise ClusterError(f"node {self.node_key} has no device {device} "
                                f"(devices {list(self.record.topology.indices)})")
         new = self.arbiter.drain(device, reason[:500], by)
-        placed = self._placeholder(device) if device in self.table.resources[GPU].units else False
+        placed = self._placeholder(device)
         killed = self._kill_holders(device) if kill else []
         self.tick()
         return {"device": device, "new": new, "placeholder": placed, "killed": killed}
@@ -201,13 +202,27 @@ class NodeAgent:
         self.tick()
         return was
 
+    def placeholder_resources(self, device: int) -> dict[str, float]:
+        """What holds ``device`` in Ray's ledger: one ``GPU``, or all of its units of the node's family
+        (a Trainium device's NeuronCores, one TPU chip, ...); empty when the device backs no unit resource."""
+        out = {}
+        for r in self.table.unit_resources():
+            n = sum(1 for u in self.table.resources[r].units if self.table.resources[r].device_of.get(u) == device)
+            if n:
+                out[r] = float(n)
+        return out
+
     def _placeholder(self, device: int) -> bool:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        need = self.placeholder_resources(device)
+        if not need:
+            return False
         nid = self.node_id or ray.get_runtime_context().get_node_id()
+        opts = {"num_gpus": need.pop(GPU, 0.0), **({"resources": need} if need else {})}
         placeholder_cls().options(name=drain_name(self.node_key, device), namespace=NAMESPACE, lifetime="detached",
-                                  get_if_exists=True,
+                                  get_if_exists=True, **opts,
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
         return True
 
@@ -286,7 +301,7 @@ _PLACEHOLDER_CLS: Any = None
 
 
 def placeholder_cls() -> Any:
-    """The actor that holds a drained device in Ray's ledger (one GPU, no CPU, never uses it)."""
+    """The actor that holds a drained device in Ray's ledger (its GPU or its units, no CPU, never uses them)."""
     global _PLACEHOLDER_CLS
     if _PLACEHOLDER_CLS is None:
         import ray

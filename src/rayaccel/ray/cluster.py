@@ -60,7 +60,7 @@ class SimulatedCluster:
 
     Args:
         topologies: one per node (NodeTopology, catalog name or file); the first is the head.
-        num_cpus: CPUs each node advertises (default 4).
+        num_cpus: CPUs each node advertises (default 4), or one count per node.
         connect: connect this process as the driver (and publish the records, start the agents).
         object_store_memory: per node, bytes (default 100 MiB).
         plain: positions in ``topologies`` to start as plain Ray nodes (``num_gpus`` only, no
@@ -77,7 +77,8 @@ class SimulatedCluster:
             a mapping of strings, or Ray already initialised in this process.
     """
 
-    def __init__(self, topologies: Sequence[NodeTopology | str], *, num_cpus: int = 4, connect: bool = True,
+    def __init__(self, topologies: Sequence[NodeTopology | str], *, num_cpus: int | Sequence[int] = 4,
+                 connect: bool = True,
                  object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
                  metrics_export_port: int | None = None, labels: Sequence[dict | None] | None = None,
                  **ray_init_kwargs: Any):
@@ -94,7 +95,13 @@ class SimulatedCluster:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self._own_tmp = "RAY_TMPDIR" not in os.environ
         self.temp_dir = ray_tmpdir()
-        self.num_cpus = num_cpus
+        if isinstance(num_cpus, int):
+            cpus = [num_cpus] * len(topos)
+        elif len(num_cpus) != len(topos) or not all(isinstance(n, int) and n >= 0 for n in num_cpus):
+            raise ClusterError(f"num_cpus: expected an int >= 0 or one per node ({len(topos)}), got {num_cpus!r}")
+        else:
+            cpus = list(num_cpus)
+        self.num_cpus = cpus[0]
         self.object_store_memory = object_store_memory
         self.env = dict(env or {})
         self.nodes: list[SimNode] = []
@@ -102,7 +109,7 @@ class SimulatedCluster:
         self._cluster = None
         plain = set(plain)
         try:
-            args, key, d = self._node_args(topos[0], 0 in plain, extra[0])
+            args, key, d = self._node_args(topos[0], 0 in plain, extra[0], cpus[0])
             args.update(temp_dir=self.temp_dir, include_dashboard=False)
             if metrics_export_port is not None:
                 args["metrics_export_port"] = metrics_export_port
@@ -110,7 +117,7 @@ class SimulatedCluster:
             hn = self._cluster.head_node
             self.nodes.append(SimNode(hn.node_id, key, topos[0], hn, d))
             for i, t in enumerate(topos[1:], start=1):
-                self._add(t, i in plain, extra[i])
+                self._add(t, i in plain, extra[i], cpus[i])
             self._cluster.wait_for_nodes()
             if connect:
                 ray.init(address=self._cluster.address, **ray_init_kwargs)
@@ -122,9 +129,10 @@ class SimulatedCluster:
             raise
 
     # ----------------------------------------------------------------- nodes
-    def _node_args(self, topo: NodeTopology, plain: bool, labels: dict | None = None
+    def _node_args(self, topo: NodeTopology, plain: bool, labels: dict | None = None, num_cpus: int | None = None
                    ) -> tuple[dict, str | None, Path | None]:
-        base = {"num_cpus": self.num_cpus, "object_store_memory": self.object_store_memory}
+        base = {"num_cpus": self.num_cpus if num_cpus is None else num_cpus,
+                "object_store_memory": self.object_store_memory}
         if plain:
             base.update(num_gpus=len(gpu_pool(topo)), env_vars=dict(self.env) or None)
             if labels:
@@ -137,8 +145,9 @@ class SimulatedCluster:
                     labels={**node_labels(topo, record.node_key, simulated=True), **(labels or {})})
         return base, record.node_key, d
 
-    def _add(self, topo: NodeTopology, plain: bool = False, labels: dict | None = None) -> SimNode:
-        args, key, d = self._node_args(topo, plain, labels)
+    def _add(self, topo: NodeTopology, plain: bool = False, labels: dict | None = None,
+             num_cpus: int | None = None) -> SimNode:
+        args, key, d = self._node_args(topo, plain, labels, num_cpus)
         handle = self._cluster.add_node(**args)
         node = SimNode(handle.node_id, key, topo, handle, d)
         self.nodes.append(node)

@@ -74,6 +74,7 @@ class Current(NamedTuple):
         sig: (grant key, slots) -- a grant with the same sig is the same grant.
         ids: what Ray's GPU-id function returns (device indices, then MIG UUIDs).
         devices: GPU devices in order. partitions: MIG instance keys.
+        units: the units of the node's other family (NeuronCores, TPU chips, ...), by resource.
         key: the grant key. request: the constraints it was decided with (``rayaccel.remote``), or None.
         state_mtime_ns: the state file's mtime right after this grant was written (a reused
             worker granted the same slots while it is unchanged keeps its devices).
@@ -86,6 +87,7 @@ class Current(NamedTuple):
     key: str
     request: Any = None
     state_mtime_ns: int | None = None
+    units: Any = {}  # resource -> unit ids, for the node's family when it is not GPUs
 
 
 class _NodeSide:
@@ -101,6 +103,11 @@ class _NodeSide:
             raise ClusterError(f"cannot read the node table {path}: {e.strerror}") from None
         self.arbiter = Arbiter(node_dir, self.table, topology=self._topology)
         self.managed = frozenset(self.table.resources)
+        self.unit_resources = frozenset(self.table.unit_resources())
+        self.gpus = GPU in self.table.resources or any(r.startswith("mig_") for r in self.table.resources)
+        #: the node's other family (NeuronCores, TPU chips, ...): its resource tables
+        self.families = tuple(t for t in self.table.resources.values() if t.spec)
+        self.family_defaults = {v: os.environ.get(v) for t in self.families for v in t.visible_env()}
         self.env_var = self.table.visible_env
         self.default_visible = os.environ.get(self.env_var)
         self.user_ucx = os.environ.get(UCX_NET_DEVICES)
@@ -169,39 +176,56 @@ def current() -> Current | None:
 
 
 # ----------------------------------------------------------------- the patch
+#: What :func:`_ensure` returns for ``rayaccel.remote`` work before its set-up decides it.
+_DEFERRED: Any = object()
+
+
 def _get_ids(original: Any, worker: Any, resource_name: str, regex: str) -> list:
-    if resource_name != GPU:
-        return original(worker, resource_name, regex)
     try:
         ns = node()
-    except Exception as e:  # noqa: BLE001 - never break Ray's worker; fail safe (unhooked ids: no GPU)
+    except Exception as e:  # noqa: BLE001 - never break Ray's worker; fail safe (unhooked ids: no device)
         log.error("rayaccel hook: node side unavailable (%s); this worker sees Ray's placeholder ids", e)
         return original(worker, resource_name, regex)
-    if ns is None:
+    if ns is None or resource_name not in ns.unit_resources:
         return original(worker, resource_name, regex)
+    cur = _ensure(ns, worker)
+    if cur is _DEFERRED:
+        return original(worker, resource_name, regex)
+    return _ids_for(cur, resource_name)
+
+
+def _ids_for(cur: Current | None, resource: str) -> list:
+    """What Ray's accelerator-id function returns for ``resource``: GPUs (then MIG UUIDs), or the family's unit ids."""
+    if cur is None:
+        return []
+    return list(cur.ids) if resource == GPU else list(cur.units.get(resource, ()))
+
+
+def _ensure(ns: _NodeSide, worker: Any) -> Current | None:
+    """This worker's current grant, decided now if Ray's grant changed (or :data:`_DEFERRED`)."""
     slots, pg, bundle = rp.split_grant(rp.resource_ids(worker), ns.managed)
     key = rp.grant_key(worker)
     sig = (key, tuple(sorted(slots.items())))
     cur = _W.current
     if cur is not None and cur.sig == sig:
-        return list(cur.ids)
+        return cur
     with _W.lock:
         cur = _W.current
         if cur is not None and cur.sig == sig:
-            return list(cur.ids)
+            return cur
         if not slots:
             if cur is not None:
                 _drop(ns)
-            return []
+            return None
         if rp.task_function_name(worker).startswith(REMOTE_MODULE):
             # rayaccel.remote work: its set-up (decide_with) decides once, with its constraints.
             # Until then (before user code) Ray's placeholder ids stand: no device.
             _W.current = None
-            return original(worker, resource_name, regex)
+            return _DEFERRED
         again = _same_as_last(ns, sig, pg)
         if again is not None:
-            return list(again.ids)
-        return list(_decide(ns, worker, key, sig, slots, pg, bundle, None).ids)
+            return again
+        return _decide(ns, worker, key, sig, slots, pg, bundle, None)
 
 
 def _same_as_last(ns: _NodeSide, sig: tuple, pg: str | None) -> Current | None:
@@ -249,10 +273,11 @@ def _decide(ns: _NodeSide, worker: Any, key: str, sig: tuple, slots: dict, pg: s
                        request=request, drain=drain, info={k: v for k, v in info.items() if k != "id"})
     g = _grant_waiting(ns, req)
     ids: list = list(g.devices)
-    ids += [ns.table.resources[r].uuid_of.get(u, u) for r, us in g.units.items() if r != GPU for u in us]
+    ids += [ns.table.resources[r].uuid_of.get(u, u) for r, us in g.units.items() if r.startswith("mig_") for u in us]
+    others = {r: tuple(us) for r, us in g.units.items() if r != GPU and not r.startswith("mig_")}
     plain = drain is None and request is None and pg is None
     cur = Current(sig=sig, ids=tuple(ids), devices=g.devices, partitions=g.partitions, key=key, request=request,
-                  state_mtime_ns=ns.arbiter.state_mtime_ns() if plain else None)
+                  state_mtime_ns=ns.arbiter.state_mtime_ns() if plain else None, units=others)
     _W.current = cur
     _W.last = cur if plain else None
     return cur
@@ -310,24 +335,31 @@ def pg_alive(pg: str) -> bool:
 
 
 def _after_set_visible(saved: dict) -> dict:
-    """After Ray wrote the visible-devices variable: the vendor's variable, rayaccel's, CPU affinity, UCX's NICs."""
+    """After Ray wrote the visible-devices variable: the vendor's variable (and a non-GPU family's), rayaccel's,
+    CPU affinity, UCX's NICs. A family Ray has no manager for (a plugin's) is decided here: Ray never asks."""
     try:
         ns = node()
     except Exception:  # noqa: BLE001 - reported by _get_ids already
         return saved
     if ns is None:
         return saved
-    cur = _W.current
-    for var in (ns.env_var, "RAYACCEL_DEVICES", UCX_NET_DEVICES):
+    cur = _ensure(ns, rp.global_worker()) if ns.families else _W.current
+    if cur is _DEFERRED:
+        cur = None
+    for var in (*((ns.env_var,) if ns.gpus else ()), *ns.family_defaults, "RAYACCEL_DEVICES", UCX_NET_DEVICES):
         saved.setdefault(var, os.environ.get(var))
+    for t in ns.families:
+        _family_env(ns, t, cur.units.get(t.name) if cur is not None else None)
     if cur is None:
         # No devices for this task: Ray leaves the variable as the last task set it; reset it.
-        _restore(ns.env_var, ns.default_visible)
+        if ns.gpus:
+            _restore(ns.env_var, ns.default_visible)
         _restore(UCX_NET_DEVICES, ns.user_ucx)
         os.environ.pop("RAYACCEL_DEVICES", None)
         _apply_affinity(None)
         return saved
-    os.environ[ns.env_var] = ",".join(str(i) for i in cur.ids)
+    if ns.gpus:
+        os.environ[ns.env_var] = ",".join(str(i) for i in cur.ids)
     devs = _indices(ns, cur)
     os.environ["RAYACCEL_DEVICES"] = json.dumps(devs)
     cpus: set[int] = set()
@@ -342,6 +374,28 @@ def _after_set_visible(saved: dict) -> dict:
     else:
         os.environ.pop(UCX_NET_DEVICES, None)
     return saved
+
+
+def _family_env(ns: _NodeSide, t: Any, units: tuple | None) -> None:
+    """Write a non-GPU family's variables for ``units`` as Ray's manager would (TPU: bounds of the actual
+    block); nothing when the worker set ``RAY_EXPERIMENTAL_NOSET_<VAR>``; defaults when it holds none."""
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in t.noset_env()):
+        return
+    if not units:
+        for v in t.visible_env():
+            _restore(v, ns.family_defaults.get(v))
+        return
+    if t.needs_topology_for_env():
+        # the block's extent needs the chips' grid: the topology and the unit placer load here (TPU grants)
+        from ..arbiter.placer import spec_of
+        from ..placement.units import visible_env
+
+        env = visible_env(ns.topology, spec_of(t.spec), units)
+    else:
+        text = ",".join(map(str, units))
+        env = {v: text for v in t.visible_env()}
+    for v, value in env.items():
+        _restore(v, value)
 
 
 def _restore(var: str, value: str | None) -> None:
@@ -406,12 +460,13 @@ def _releaser(ev: threading.Event) -> None:
 
 
 def _indices(ns: _NodeSide, cur: Current) -> list[int]:
-    """The devices of the grant: its GPUs, then the parents of its MIG instances."""
+    """The devices of the grant: its GPUs, then the parents of its MIG instances, then the devices of
+    the family's units (NeuronCores, TPU chips, ...), each once, in that order."""
     out = list(cur.devices)
     for r, t in ns.table.resources.items():
         if r == GPU:
             continue
-        for k in cur.partitions:
+        for k in (*cur.partitions, *cur.units.get(r, ())):
             p = t.device_of.get(k)
             if p is not None and p not in out:
                 out.append(p)

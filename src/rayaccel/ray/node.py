@@ -36,7 +36,7 @@ from ..topology import NodeTopology
 from . import _ray_private as rp
 from .hook import NODE_DIR_ENV, UNHOOKED_PREFIX
 from .names import new_node_key
-from .record import NodeRecord, node_labels, node_resources
+from .record import NodeRecord, node_labels, node_resources, node_spec
 
 log = logging.getLogger(__name__)
 HOOK_MODULE = "rayaccel.ray.hook"
@@ -95,22 +95,31 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
 
     * ``RAY_preload_python_modules`` gains :data:`HOOK_MODULE` (kept: what was there);
     * ``RAYACCEL_NODE_DIR`` / ``RAYACCEL_NODE_KEY``: the node's directory and key;
-    * ``RAY_custom_unit_instance_resources``: Ray's defaults plus the node's MIG resources;
-    * the vendor's visible-devices variable: placeholder ids ``rayaccel-unhooked-<slot>``,
-      so a worker that runs without the hook sees no GPU rather than a held one;
+    * ``RAY_custom_unit_instance_resources``: Ray's defaults plus the node's MIG resources and
+      a plugin family's resource (Ray's list has Neuron, TPU, HPU and NPU already);
+    * the vendor's visible-devices variable (and a non-GPU family's own): placeholder ids
+      ``rayaccel-unhooked-<slot>``, so a worker that runs without the hook sees no device
+      rather than a held one;
     * ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` on NVIDIA nodes: CUDA numbers devices like NVML.
     """
     base = dict(os.environ if base is None else base)
     pre = [m for m in (base.get(rp.PRELOAD_ENV) or "").split(",") if m and m != HOOK_MODULE]
     env = {rp.PRELOAD_ENV: ",".join([*pre, HOOK_MODULE]), NODE_DIR_ENV: str(directory), NODE_KEY_ENV: node_key}
     num_gpus, res = node_resources(topology, node_key)
+    spec = node_spec(topology)
+    unit = [spec.resource] if spec is not None and spec.resource != "GPU" else []
     migs = [r for r in res if r.startswith("mig_")]
-    if migs:
-        have = [r for r in (base.get(rp.UNIT_INSTANCE_ENV) or ",".join(rp.UNIT_INSTANCE_DEFAULT)).split(",") if r]
-        env[rp.UNIT_INSTANCE_ENV] = ",".join(dict.fromkeys([*have, *migs]))
+    have = [r for r in (base.get(rp.UNIT_INSTANCE_ENV) or ",".join(rp.UNIT_INSTANCE_DEFAULT)).split(",") if r]
+    extra = [r for r in (*migs, *unit) if r not in have]
+    if extra:  # each instance of these needs its own slot id (Ray's default list has Neuron, TPU, HPU, NPU)
+        env[rp.UNIT_INSTANCE_ENV] = ",".join(dict.fromkeys([*have, *extra]))
     var = VISIBLE_ENV.get(gpu_vendor(topology), "CUDA_VISIBLE_DEVICES")
     if num_gpus or migs:
         env[var] = ",".join(f"{UNHOOKED_PREFIX}{i}" for i in range(max(num_gpus, 1)))
+    if unit:  # the family's own variables: placeholders too (a worker without the hook gets no unit)
+        n = int(res.get(spec.resource, 0))
+        for v in spec.visible_env:
+            env[v] = ",".join(f"{UNHOOKED_PREFIX}{i}" for i in range(max(n, 1)))
     if var == "CUDA_VISIBLE_DEVICES":
         env.setdefault("CUDA_DEVICE_ORDER", base.get("CUDA_DEVICE_ORDER") or "PCI_BUS_ID")
     return env
@@ -143,7 +152,7 @@ def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None
     d = nodedir.node_dir(key)
     record = NodeRecord(key, topology, simulated)
     nodedir.write_record(d, record.to_json())
-    nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated)))
+    nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated, node_spec(topology))))
     return record, d
 
 

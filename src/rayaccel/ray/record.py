@@ -9,25 +9,53 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Mapping
 
 from ..discovery.network import domain_labels
-from ..errors import TopologyError
+from ..discovery.rayspec import RaySpec, ray_node_resources, spec_for
+from ..errors import BackendError, TopologyError
 from ..placement.pools import gpu_pool, mig_pools
 from ..topology import NodeTopology
 from .names import LABEL_PREFIX, NODE_KEY_LABEL, label_value, node_resource, valid_key
 
+log = logging.getLogger(__name__)
+GPU = "GPU"
 #: The largest record (bytes) a reader accepts from the KV.
 MAX_RECORD_BYTES = 16 << 20
 
 
+def node_spec(topology: NodeTopology) -> RaySpec | None:
+    """How the node's accelerators appear to Ray (:func:`rayaccel.discovery.spec_for`), or None for a
+    node without devices -- or whose devices no backend declares (they are then GPUs, as before specs)."""
+    try:
+        return spec_for(topology)
+    except BackendError as e:
+        log.warning("rayaccel: %s; treating the node's devices as GPUs", e)
+        return None
+
+
 def node_resources(topology: NodeTopology, node_key: str) -> tuple[int, dict[str, float]]:
-    """``(num_gpus, custom resources)`` a node with ``topology`` advertises (see module docstring)."""
+    """``(num_gpus, custom resources)`` a node with ``topology`` advertises (see module docstring).
+
+    What Ray itself would advertise on that hardware (:func:`rayaccel.discovery.ray_node_resources`:
+    the family's resource counted by unit -- ``neuron_cores`` = devices x cores, ``TPU`` chips --,
+    ``accelerator_type:<T>`` by Ray's naming, a TPU host's pod-slice resources), except that the
+    ``GPU`` count is the GPU pool (devices in MIG mode and failed ones are not Ray's GPUs here) and
+    MIG instances are ``mig_<profile>`` resources; plus rayaccel's node marker.
+    """
+    spec = node_spec(topology)
     res: dict[str, float] = {node_resource(node_key): 1.0}
-    for r, units in mig_pools(topology).items():
-        res[r] = float(len(units))
-    return len(gpu_pool(topology)), res
+    ray_res = ray_node_resources(topology, spec)[0] if spec is not None else {}
+    if spec is None or spec.resource == GPU:
+        num_gpus = len(gpu_pool(topology))
+        for r, units in mig_pools(topology).items():
+            res[r] = float(len(units))
+    else:
+        num_gpus = 0
+    res.update({k: v for k, v in ray_res.items() if k != GPU})
+    return num_gpus, res
 
 
 def node_labels(topology: NodeTopology, node_key: str, *, simulated: bool,
@@ -53,6 +81,9 @@ def node_labels(topology: NodeTopology, node_key: str, *, simulated: bool,
         labels[LABEL_PREFIX + "vendor"] = label_value(vendors[0] if len(vendors) == 1 else "mixed")
     if topology.name:
         labels[LABEL_PREFIX + "topology"] = label_value(topology.name)
+    spec = node_spec(topology)
+    if spec is not None:
+        labels.update(ray_node_resources(topology, spec)[1])  # ray.io/accelerator-type, TPU pod labels
     labels.update(domain_labels(topology))
     labels.update(network or {})
     return {k: v for k, v in labels.items() if v}
@@ -111,8 +142,8 @@ class NodeRecord:
     def mismatch(self, total: Mapping[str, float]) -> str | None:
         """Why this record does not describe a node advertising ``total`` resources, or None.
 
-        A node's record must match what its raylet advertises: the GPU pool size,
-        each MIG-profile count, and the node marker.
+        A node's record must match what its raylet advertises: the GPU pool size, each
+        MIG-profile count, its accelerator family's unit count, and the node marker.
         """
         num_gpus, res = node_resources(self.topology, self.node_key)
         have = float(total.get("GPU", 0.0))

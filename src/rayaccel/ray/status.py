@@ -15,6 +15,7 @@ from typing import Any
 from ..arbiter.state import Snapshot, device_state
 from ..placement.pools import gpu_pool
 from . import agent
+from .record import node_spec
 from .view import view
 
 #: How long ``status`` waits for each node agent, seconds.
@@ -28,7 +29,8 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
     ``free``, ``devices`` (index, model, memory_bytes, state: free / busy / shared /
     mig / drained / failed -- :func:`rayaccel.arbiter.state.device_state`, holders, drain),
     ``holders``, ``unhooked_slots``, ``age_s`` (of the snapshot), ``agent`` (answered /
-    published / missing), ``lock`` (a node lock held for seconds: pid, what, held_s; or None), ``labels`` (the node's Ray labels:
+    published / missing), ``resource`` / ``unit`` (the node's Ray accelerator resource and what one
+    slot of it is: ``GPU`` / device, ``neuron_cores`` / core, ``TPU`` / chip, ...), ``lock`` (a node lock held for seconds: pid, what, held_s; or None), ``labels`` (the node's Ray labels:
     ``ray.io/gpu-domain``, network levels).
 
     Raises:
@@ -96,13 +98,15 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float) -> dict:
                         "holders": by_dev.get(d.index, []), "drain": drain._asdict() if drain is not None else None,
                         "health": worst.get(str(d.index)) or d.health})
     lock = snap.lock._asdict() if snap is not None and snap.lock is not None else None
+    spec = node_spec(topo)
     return {"node_id": n.node_id, "node_key": n.node_key, "name": topo.name, "hostname": topo.hostname,
             "simulated": n.record.simulated, "free": sum(1 for x in devices if x["state"] == "free"),
             "devices": devices, "holders": holders, "unhooked_slots": snap.unhooked_slots if snap is not None else 0.0,
             "waiting": [h for h in holders if h["waiting"]],
             "age_s": round(now - snap.at, 3) if snap is not None and snap.at else None, "agent": source,
             "gpus_available": n.gpus_available, "health_events": list(health.get("events", []))[-10:],
-            "lock": lock, "labels": dict(n.labels)}
+            "lock": lock, "labels": dict(n.labels),
+            "resource": spec.resource if spec is not None else "GPU", "unit": spec.unit if spec is not None else "device"}
 
 
 def _holder_row(h: Any) -> dict:
