@@ -102,20 +102,27 @@ def test_the_arbiter_asks_nobody_while_it_holds_the_lock(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ the node table
-@pytest.mark.parametrize("machine", SMALL)
+@pytest.mark.parametrize("machine", SMALL + ["gaudi2-hls2-8x", "atlas-800-910a-8x"])
 def test_the_tables_plans_answer_exactly_as_the_placer(machine):
+    """Every plain question a grant can ask of an 8-device pool: the table answers as the placer does
+    (GPUs by allocate; Gaudi modules and Ascend NPUs, device units, by choose_units)."""
+    from rayaccel.ray.record import node_spec
+
     topo = catalog.load(machine)
-    table = build_table(topo, KEY, True)
-    pool = table.resources["GPU"].units
-    assert len(pool) <= PLAN_MAX and table.resources["GPU"].plans is not None
-    fast, slow = TableChooser(table, lambda: topo), PlacerChooser(topo)
+    spec = node_spec(topo)
+    table = build_table(topo, KEY, True, spec)
+    res = spec.resource
+    pool = table.resources[res].units
+    assert len(pool) <= PLAN_MAX and table.resources[res].plans is not None
+    fast = TableChooser(table, lambda: topo)
+    slow = PlacerChooser(topo, {res: spec} if res != "GPU" else None)
     for m in range(1, 1 << len(pool)):
         avail = frozenset(pool[i] for i in range(len(pool)) if m >> i & 1)
         for k in range(1, len(avail) + 1):
-            assert fast.choose("GPU", avail, k, None) == slow.choose("GPU", avail, k, None), (m, k)
+            assert fast.choose(res, avail, k, None) == slow.choose(res, avail, k, None), (m, k)
             if k > 1:
                 sizes = {b: 1 for b in range(k)}
-                assert fast.gang("GPU", avail, sizes) == slow.gang("GPU", avail, sizes), (m, k)
+                assert fast.gang(res, avail, sizes) == slow.gang(res, avail, sizes), (m, k)
     assert fast.placed == 0
 
 

@@ -52,8 +52,12 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: Ra
         resources[GPU] = ResourceTable(GPU, "units", pool, {d: d for d in pool}, {}, plans(topology, pool))
     else:
         units = node_units(topology, spec)
-        resources[spec.resource] = ResourceTable(spec.resource, "units", tuple(u.id for u in units),
-                                                 {u.id: u.device for u in units}, {}, None, spec_fields(spec))
+        ids = tuple(u.id for u in units)
+        # device units (Gaudi, Ascend, a plugin's) are placed as GPUs are: their plain plans too
+        pre = plans(topology, ids) if spec.unit == "device" and not any(
+            topology.device(i).health == "failed" for i in ids) else None
+        resources[spec.resource] = ResourceTable(spec.resource, "units", ids, {u.id: u.device for u in units}, {},
+                                                 pre, spec_fields(spec))
     parent = {p.key: p.parent for p in topology.partitions()}
     uuids = {p.key: p.uuid for p in topology.partitions() if p.uuid}
     for r, units in mig_pools(topology).items():

@@ -56,9 +56,11 @@ class PlacerChooser:
         got, _ = self.choose(resource, avail, n, None)
         if got is None:
             return None
-        # GPUs: the ring arranged for the bundles; other units come in their family's order already
-        order = bundle_order(self.topology, list(got), [sizes[b] for b in sorted(sizes)]) if resource == GPU \
-            else list(got)
+        # devices (GPUs, Gaudi, Ascend, ...): the ring arranged for the bundles; cores and chips come in
+        # their family's order already
+        spec = self.specs.get(resource)
+        devices = resource == GPU or (spec is not None and spec.unit == "device")
+        order = bundle_order(self.topology, list(got), [sizes[b] for b in sorted(sizes)]) if devices else list(got)
         out, i = {}, 0
         for b in sorted(sizes):
             out[b] = tuple(order[i:i + sizes[b]])
