@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 from .._proc import cmdline
 from ..errors import ClusterError
 from . import decide as D
+from .choose import TableChooser
 from .state import ArbiterState, LockInfo, Snapshot, StateError, decode_state, encode_state, fresh_state, snapshot_of
 from .table import NodeTable
 
@@ -81,8 +82,6 @@ class Arbiter:
         self.table = table
         self.pools = table.pools()
         if chooser is None:
-            from .choose import TableChooser
-
             chooser = TableChooser(table, topology if callable(topology) else (lambda: topology))
         self.chooser = chooser
         self.alive = alive

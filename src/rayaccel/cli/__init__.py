@@ -9,6 +9,9 @@ would be right>``, and a non-zero exit code; never a traceback:
 
 This happens inside the command object itself (:class:`RayaccelGroup`), so the installed
 script, :func:`main` and ``typer.testing.CliRunner().invoke(app, ...)`` all behave alike.
+
+Each command imports what it needs inside itself, so ``rayaccel --help`` and the offline
+commands never load Ray, matplotlib or the placer they do not use.
 """
 
 from __future__ import annotations

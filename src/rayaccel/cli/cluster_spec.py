@@ -16,6 +16,9 @@ topology / capture file, relative to the spec's folder), NVLink domain (the valu
 ``ray.io/gpu-domain``), clique, network ``levels`` (``rayaccel.io/net-<level>`` labels),
 optional ``network_gbps`` / ``fabric_gbps`` and ``busy`` devices (``"0-3"``, ``[0, 1]`` or
 ``"all"``) on each of them. Anything else is an error naming the file and the field.
+
+Each command imports what it needs inside itself, so ``rayaccel --help`` and the offline
+commands never load Ray, matplotlib or the placer they do not use.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..errors import RayaccelError, RequestError, TopologyError
 from ..placement import NodeState
 from ..placement.domains import NodePlace
 from ..topology import NodeTopology
+from ._common import parse_index_list
 
 SCHEMA = "rayaccel.cluster/1"
 #: Most nodes a spec may describe, and the largest spec file, bytes.
@@ -54,7 +58,6 @@ def load_cluster_spec(path: str | Path) -> ClusterSpec:
             or a topology that does not load (catalog name, topology file or capture).
     """
     from ..discovery.load import load_topology_with_warnings
-    from ._common import parse_index_list
 
     p = Path(path)
     where = str(p)

@@ -1,4 +1,8 @@
-"""``rayaccel drain | undrain | doctor | top``: operating a cluster (thin over :mod:`rayaccel.ray`)."""
+"""``rayaccel drain | undrain | doctor | top``: operating a cluster (thin over :mod:`rayaccel.ray`).
+
+Each command imports what it needs inside itself, so ``rayaccel --help`` and the offline
+commands never load Ray, matplotlib or the placer they do not use.
+"""
 
 from __future__ import annotations
 

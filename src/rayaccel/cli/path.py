@@ -1,4 +1,8 @@
-"""``rayaccel topo path A B``: how bytes would move between two devices, and how long that takes (modeled)."""
+"""``rayaccel topo path A B``: how bytes would move between two devices, and how long that takes (modeled).
+
+Each command imports what it needs inside itself, so ``rayaccel --help`` and the offline
+commands never load Ray, matplotlib or the placer they do not use.
+"""
 
 from __future__ import annotations
 

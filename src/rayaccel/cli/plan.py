@@ -1,4 +1,8 @@
-"""``rayaccel plan``: where would a request go on a machine (dry run, no Ray)."""
+"""``rayaccel plan``: where would a request go on a machine (dry run, no Ray).
+
+Each command imports what it needs inside itself, so ``rayaccel --help`` and the offline
+commands never load Ray, matplotlib or the placer they do not use.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import Optional
 
 import typer
 
-from ._common import console, fail, parse_index_list, print_json, warn_line
+from ..errors import RayaccelError, RequestError
+from ._common import console, err_console, fail, parse_index_list, plain, print_json, warn_line
 
 
 def _indices(text: str | None, option: str, known, repeats: bool = True) -> set[int]:
@@ -15,7 +20,6 @@ def _indices(text: str | None, option: str, known, repeats: bool = True) -> set[
 
     ``repeats=False``: naming a device twice is an error (``--required 4,4``).
     """
-    from ..errors import RequestError
 
     try:
         return _parse(text, option, known, repeats)
@@ -130,8 +134,6 @@ MAX_PICTURE_NODES = 40
 def _picture(spec, result, paths) -> None:
     """Draw the nodes of the domains the gang uses (or only its nodes, when those are too many)."""
     from .. import viz
-    from ..errors import RayaccelError
-    from ._common import err_console
 
     used = {w.node for w in result.workers} if result else set()
     doms = {pl.domain for st, pl in zip(spec.nodes, spec.places) if st.node_id in used}
@@ -163,7 +165,6 @@ def _plan_cluster(path: str, workers: int, gpus: int, strategy: str, interconnec
     from rich.table import Table
 
     from ..placement import place_gang
-    from ._common import plain
     from .cluster_spec import domain_rows, load_cluster_spec
 
     spec = load_cluster_spec(path)

@@ -8,6 +8,9 @@
 Human output is a link matrix like ``nvidia-smi topo -m`` (coloured by
 strength; a per-device neighbour list beyond 16 devices), a device table, a NIC
 table and a summary line. ``--json`` prints exactly ``NodeTopology.to_dict()``.
+
+Each command imports what it needs inside itself, so ``rayaccel --help`` and the offline
+commands never load Ray, matplotlib or the placer they do not use.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from rich.text import Text
 
 from ..errors import BackendUnavailable, RayaccelError
 from ..topology import PCIE_CLASSES, Link, NodeTopology
-from ..units import format_bytes
+from ..units import format_bytes, shorten
 from ._common import console, err_console, fail, na, plain, print_json, warn_line
 
 #: Beyond this many devices the matrix becomes a per-device neighbour list.
@@ -335,7 +338,6 @@ def check_picture_paths(svg: Optional[Path], png: Optional[Path]) -> None:
         typer.Exit: after printing ``error: ...`` (exit code 2).
     """
     from ..discovery.load import path_kind
-    from ..units import shorten
 
     for path, suffix in ((svg, ".svg"), (png, ".png")):
         if path is None:
@@ -426,7 +428,6 @@ def register(app: typer.Typer) -> typer.Typer:
         if name is not None and not name.strip():
             fail("--name: empty; expected a name for the imported topology, e.g. --name dgx-a100-rack3")
         from ..discovery.load import path_kind
-        from ..units import shorten
 
         for f in files:
             kind, why = path_kind(f)

@@ -1,4 +1,8 @@
-"""Rich renderings of cluster state, shared by ``status`` and ``top`` (data is never markup)."""
+"""Rich renderings of cluster state, shared by ``status`` and ``top`` (data is never markup).
+
+Each command imports what it needs inside itself, so ``rayaccel --help`` and the offline
+commands never load Ray, matplotlib or the placer they do not use.
+"""
 
 from __future__ import annotations
 

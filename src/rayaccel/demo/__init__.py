@@ -20,6 +20,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import catalog
+from ..placement import allreduce_bandwidth_gbps
+from ..ray.cluster import SimulatedCluster
+from . import workload
 
 __all__ = ["MACHINE", "run_demo"]
 
@@ -28,9 +32,6 @@ MACHINE = "dgx1-v100"
 
 
 def _side(plain: bool, storage: str, log: Callable[[str], None]) -> dict[str, Any]:
-    from ..ray.cluster import SimulatedCluster
-    from . import workload
-
     c = SimulatedCluster([MACHINE], num_cpus=8, plain=[0] if plain else (), logging_level="ERROR",
                          log_to_driver=False)
     try:
@@ -63,8 +64,6 @@ def run_demo(out: str | Path, quick: bool = False, log: Callable[[str], None] = 
     Raises:
         ClusterError: Ray is already initialised in this process, or a run failed.
     """
-    from .. import catalog
-    from ..placement import allreduce_bandwidth_gbps
 
     t0 = time.monotonic()
     out = _output_dir(out)
@@ -102,7 +101,7 @@ def run_demo(out: str | Path, quick: bool = False, log: Callable[[str], None] = 
 
 def _output_dir(out: str | Path) -> Path:
     """Check ``out`` before any work (:func:`rayaccel.viz.check_output_dir`), then create it."""
-    from ..viz import check_output_dir
+    from ..viz import check_output_dir  # viz loads matplotlib: only when pictures are made
 
     p = check_output_dir(out, what="demo results")
     p.mkdir(parents=True, exist_ok=True)
@@ -110,7 +109,7 @@ def _output_dir(out: str | Path) -> Path:
 
 
 def _picture(out: Path, topo: Any, ours: dict, theirs: dict) -> Path:
-    from ..viz import draw_cluster
+    from ..viz import draw_cluster  # matplotlib, only for the picture
 
     def assign(side: dict) -> dict[int, str]:
         """Who holds each GPU at the end (while Train runs): Serve after scaling down, the task, Train."""

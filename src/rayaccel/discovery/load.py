@@ -23,9 +23,11 @@ import warnings
 from pathlib import Path
 from typing import Sequence, Union
 
+from .. import catalog
 from ..errors import CaptureError, CatalogError, TopologyError
 from ..topology import NodeTopology
 from ..units import shorten
+from .capture import import_captures
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +147,6 @@ def _looks_like_json(path: Path) -> bool:
 
 
 def _load_one(source: str | os.PathLike, name: str | None) -> tuple[NodeTopology, tuple[str, ...]]:
-    from .. import catalog
-
     if isinstance(source, str):
         if "\n" in source:  # capture text itself
             return _import([source], name)
@@ -193,9 +193,5 @@ def _load_one(source: str | os.PathLike, name: str | None) -> tuple[NodeTopology
 
 
 def _import(items: list, name: str | None) -> tuple[NodeTopology, tuple[str, ...]]:
-    try:
-        from .capture import import_captures
-    except ImportError as e:  # the capture importers ship with rayaccel; this is a broken install
-        raise CaptureError(f"capture importers are unavailable ({e}); reinstall rayaccel") from None
     result = import_captures(items, name=name)
     return result.topology.validate(), tuple(result.warnings)

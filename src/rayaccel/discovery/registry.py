@@ -48,6 +48,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
+from .. import catalog
 from ..errors import BackendError, BackendUnavailable, PluginError, RayaccelError
 from ..topology import NodeTopology
 
@@ -427,8 +428,6 @@ def _discover_with(name: str, backend: Any) -> NodeTopology:
 
 def _simulate_hint() -> str:
     try:
-        from .. import catalog
-
         example = getattr(catalog, "DEFAULT", None) or "dgx1-v100"
     except ImportError:
         example = "dgx1-v100"

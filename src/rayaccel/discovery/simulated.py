@@ -17,6 +17,7 @@ from typing import Sequence
 from ..errors import BackendUnavailable
 from ..topology import NodeTopology
 from ..units import shorten
+from .load import load_topology
 from .registry import TOPOLOGY_ENV, BackendInfo
 
 _HINT = (
@@ -74,7 +75,6 @@ class SimulatedBackend:
             raise BackendUnavailable(self.name, f"{TOPOLOGY_ENV} is not set", _HINT)
         if isinstance(src, NodeTopology):
             return src.validate()
-        from .load import load_topology
 
         if isinstance(src, (list, tuple)):
             return load_topology([str(p) for p in src])

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from ..errors import RequestError
+from ._index import index_of
 from ._live import LiveRanks
 from ._tiebreak import takes_straggler
 from .domains import NodePlace, as_places
@@ -241,8 +242,6 @@ def node_rank(state: NodeState, alloc: Allocation | Decision, local: bool = Fals
         if isinstance(alloc, Decision):
             chosen = alloc.chosen
         else:
-            from ._index import index_of
-
             chosen = index_of(state.topology).mask_of(alloc.devices)
         stray = takes_straggler(state, chosen) if taken else 0
         return (1 if local else 0, 1 if taken else 0, stray, key)

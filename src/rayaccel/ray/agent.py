@@ -30,8 +30,8 @@ from ..arbiter.state import GPU, Snapshot, held_devices, snapshot_of
 from ..arbiter.statefile import Arbiter, LockTimeout
 from ..arbiter.table import TABLE_FILE, decode_table
 from ..errors import ClusterError
-from . import _ray_private as rp
-from . import kv
+from . import _ray_private as rp, health, kv, metrics
+from .doctor_node import node_facts
 from .hook import pg_alive
 from .names import drain_name
 from .processes import PROCESSES, _local, stop_local
@@ -256,7 +256,6 @@ class NodeAgent:
 
     def doctor(self) -> dict:
         """This node's facts and local checks (see :mod:`.doctor`)."""
-        from .doctor_node import node_facts
 
         return node_facts(self)
 
@@ -329,7 +328,6 @@ def actor_cls() -> Any:
                 self.body.node_id = ray.get_runtime_context().get_node_id()
                 total = rp.total_resources_per_node().get(self.body.node_id, {})
                 self.body._is_head = "node:__internal_head__" in total
-                from . import health, metrics
 
                 health.attach(self.body)
                 metrics.attach(self.body)

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ClusterError
-from ..topology import NodeTopology
 from ..placement.pools import gpu_pool
-from .record import NodeRecord, node_labels, node_resources
+from ..topology import NodeTopology
+from . import agent, kv, nodedir, view
 from .node import node_env, prepare, resolve_topology
+from .record import NodeRecord, node_labels, node_resources
 
 
 @dataclass
@@ -157,7 +158,6 @@ class SimulatedCluster:
     def _publish(node: SimNode) -> None:
         if not node.managed:
             return
-        from . import agent, kv
 
         kv.publish(NodeRecord(node.node_key, node.topology, simulated=True))
         agent.start(node.node_key, node.node_id)
@@ -193,7 +193,6 @@ class SimulatedCluster:
         self._cluster.wait_for_nodes()
         if self._connected:
             self._publish(node)
-            from . import view
 
             view.view().invalidate()
         return node.node_id
@@ -210,21 +209,15 @@ class SimulatedCluster:
         self._cluster.remove_node(n.handle, allow_graceful=False)
         self.nodes.remove(n)
         if self._connected and n.managed:
-            from . import kv, view
-
             kv.delete(n.node_key)
             view.view().invalidate()
         if n.directory is not None:
-            from . import nodedir
-
             nodedir.remove(n.directory)
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
         """Disconnect and stop every node (idempotent)."""
         import ray
-
-        from . import nodedir, view
 
         if self._connected:
             ray.shutdown()

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+import rayaccel
+
 from . import agent
 from .view import view
 
@@ -49,8 +51,6 @@ def run(timeout_s: float = 15.0) -> list[Row]:
         ClusterError: not connected.
     """
     import ray
-
-    import rayaccel
 
     v = view()
     nodes = v.nodes(fresh=True)

@@ -16,17 +16,16 @@ import platform
 import sys
 from typing import Any
 
+import rayaccel
+
 from ..doctor import local_checks
 from ..doctor._fabric import domain_summary
+from . import _ray_private as rp
 
 
 def node_facts(agent: Any) -> dict:
     """What a node agent reports for the doctor (runs on the node; a JSON-ready dict)."""
     import ray  # the agent runs inside Ray; importing it here keeps `import rayaccel.ray.doctor_node` cheap
-
-    import rayaccel
-
-    from . import _ray_private as rp
 
     topology = agent.record.topology
     facts: dict[str, Any] = {"node_key": agent.node_key, "ray": ray.__version__, "rayaccel": rayaccel.__version__,

@@ -19,6 +19,9 @@ import time
 from collections import deque
 from typing import Any
 
+from ..discovery import health
+from ..errors import ClusterError
+
 log = logging.getLogger(__name__)
 #: How long one probe wait lasts, seconds (a critical event drains within about this).
 POLL_S = 0.5
@@ -76,13 +79,9 @@ class Watcher:
     def inject(self, kind: str, device: int, **kw: Any) -> None:
         """Inject a fault into the simulated hardware (``kind``: a ``FakeNVML.inject_*`` / ``lose`` name)."""
         if self.fake is None:
-            from ..errors import ClusterError
-
             raise ClusterError("fault injection is only possible on simulated nodes")
         fn = getattr(self.fake, kind if kind == "lose" else f"inject_{kind}", None)
         if fn is None:
-            from ..errors import ClusterError
-
             raise ClusterError(f"the simulated hardware cannot inject {kind!r}")
         fn(device, **kw)
 
@@ -92,19 +91,18 @@ class Watcher:
 
 
 def _probe(agent: Any) -> tuple[Any, Any]:
-    """The node's probe and (on simulated nodes) the fake it runs over."""
-    from ..discovery import health
+    """The node's probe and (on simulated nodes) the fake it runs over (the fakes load only there)."""
 
     topo = agent.record.topology
     vendors = {d.vendor for d in topo.devices}
     if agent.record.simulated:
         if vendors == {"amd"}:
-            from ..discovery.fakeamdsmi import FakeAmdSmi
+            from ..discovery.fakeamdsmi import FakeAmdSmi  # simulated nodes only
 
             fake = FakeAmdSmi(topo)
             return health.probe_for(topo, amdsmi=fake), fake
         if vendors <= {"nvidia"}:
-            from ..discovery.fakenvml import FakeNVML
+            from ..discovery.fakenvml import FakeNVML  # simulated nodes only
 
             fake = FakeNVML(topo)
             return health.probe_for(topo, nvml=fake), fake

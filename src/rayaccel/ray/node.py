@@ -29,11 +29,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from .. import catalog
 from ..arbiter.build import VISIBLE_ENV, build_table, gpu_vendor
 from ..arbiter.table import TABLE_FILE, encode_table
+from ..discovery import discover, load_topology
 from ..errors import BackendUnavailable, ClusterError
 from ..topology import NodeTopology
-from . import _ray_private as rp
+from . import _ray_private as rp, agent, kv, nodedir, view
 from .hook import NODE_DIR_ENV, UNHOOKED_PREFIX
 from .names import new_node_key
 from .record import NodeRecord, node_labels, node_resources, node_spec
@@ -59,13 +61,11 @@ def node_topology(topology: NodeTopology | str | None = None, *,
     """
     if topology is not None:
         return resolve_topology(topology), True
-    from ..discovery import discover
 
     simulated = bool(os.environ.get("RAYACCEL_TOPOLOGY"))
     try:
         return discover(), simulated
     except BackendUnavailable as e:
-        from .. import catalog
 
         if not simulate_default:
             log.info("no accelerator found (%s); a node without devices", e)
@@ -84,7 +84,6 @@ def resolve_topology(spec: NodeTopology | str) -> NodeTopology:
         return spec
     if not isinstance(spec, (str, os.PathLike)):
         raise ClusterError(f"expected a NodeTopology, catalog name or file, got {type(spec).__name__}")
-    from ..discovery import load_topology
 
     return load_topology(spec)
 
@@ -146,7 +145,6 @@ def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None
     The table (:mod:`rayaccel.arbiter.table`) is what the node's workers read at a grant;
     building it precomputes the placer's plain decisions for pools of up to 8 devices.
     """
-    from . import nodedir
 
     key = node_key or new_node_key()
     d = nodedir.node_dir(key)
@@ -175,8 +173,6 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     """
     import ray
 
-    from . import view
-
     if ray.is_initialized():
         raise ClusterError("Ray is already initialised in this process; call rayaccel.shutdown() first")
     view.reset()
@@ -202,13 +198,10 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
         ctx = ray.init(address="local", num_gpus=num_gpus, resources=res,
                        labels=node_labels(topo, record.node_key, simulated=simulated), **ray_init_kwargs)
     try:
-        from . import agent, kv
-
         kv.publish(record)
         agent.start(record.node_key, rp_node_id_of_driver(), directory)
     except BaseException:
         ray.shutdown()
-        from . import nodedir
 
         nodedir.remove(directory)
         raise
@@ -248,8 +241,6 @@ def _check_init_kwargs(kwargs: dict) -> None:
 def shutdown() -> None:
     """Disconnect from Ray (stopping an embedded cluster) and forget cached cluster state."""
     import ray
-
-    from . import nodedir, view
 
     ray.shutdown()
     view.reset()

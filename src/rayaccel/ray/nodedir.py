@@ -14,7 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..errors import ClusterError
+from ..errors import ClusterError, StoreError
+from .names import valid_key
 
 STATE_DIR_ENV = "RAYACCEL_STATE_DIR"
 RECORD = "record.json"
@@ -41,8 +42,7 @@ def ensure_private(path: Path) -> Path:
     Raises:
         ClusterError: it is a symlink, not a directory, or owned by another user.
     """
-    from ..errors import StoreError
-    from ..memory.owners import private_dir
+    from ..memory.owners import private_dir  # the memory package loads numpy: only node start needs this
 
     try:
         return private_dir(path, what="rayaccel state directory",
@@ -53,7 +53,6 @@ def ensure_private(path: Path) -> Path:
 
 def node_dir(node_key: str, base: Path | None = None) -> Path:
     """The directory of node ``node_key`` (created private)."""
-    from .names import valid_key
 
     if not valid_key(node_key):
         raise ClusterError(f"bad node key {node_key!r} (12 hex chars)")

@@ -14,6 +14,9 @@ import threading
 from typing import Any
 
 from ..errors import ClusterError
+from . import agent, processes as lifecycle
+from .node import init, shutdown
+from .view import view
 
 CONNECT_TIMEOUT_S = 10.0
 _ADDR = re.compile(r"^(?:ray://)?(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
@@ -59,8 +62,6 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, quiet: bool = Tr
 
     def run() -> None:
         try:
-            from .node import init
-
             init(address=address, logging_level="ERROR", log_to_driver=False, **kwargs)
             box["ok"] = True
         except Exception as e:  # noqa: BLE001 - reported below as one line
@@ -106,11 +107,6 @@ def stop_cluster(address: str, force: bool = False) -> list[str]:
     """
     import ray
 
-    from . import agent
-    from . import processes as lifecycle
-    from .node import shutdown
-    from .view import view
-
     connect(address)
     lines = []
     try:
@@ -143,7 +139,6 @@ def resolve_target(spec: str) -> tuple[Any, int]:
     Raises:
         ClusterError: malformed, unknown or ambiguous (lists the nodes).
     """
-    from .view import view
 
     if not isinstance(spec, str) or ":" not in spec:
         raise ClusterError(f"expected NODE:DEVICE such as 3f2a9c1b7d4e:2 (node key or id, then device index), "
@@ -175,8 +170,6 @@ def drain(spec: str, reason: str, kill: bool = False, timeout_s: float = 30.0) -
     """Drain ``NODE:DEVICE`` through its node agent (see :meth:`.agent.NodeAgent.drain`)."""
     import ray
 
-    from . import agent
-
     n, d = resolve_target(spec)
     h = agent.handle(n.node_key)
     if h is None:
@@ -189,8 +182,6 @@ def drain(spec: str, reason: str, kill: bool = False, timeout_s: float = 30.0) -
 def undrain(spec: str, timeout_s: float = 30.0) -> bool:
     """Lift the drain of ``NODE:DEVICE``; False when it was not drained."""
     import ray
-
-    from . import agent
 
     n, d = resolve_target(spec)
     h = agent.handle(n.node_key)

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import re
 
+from ...catalog import mig_table
+from ...errors import CatalogError
 from ...topology import MigProfile, Partition
 from ._base import Fragment, Line, fail, find_hostname
 
@@ -190,8 +192,6 @@ def placement_profiles(gpu: int, placements: dict, model: str | None) -> tuple[t
     memory and SMs unknown and its instance count the most non-overlapping placements
     (an upper bound: ``+me`` profiles allow one).
     """
-    from ...catalog import mig_table
-    from ...errors import CatalogError
 
     table: dict[int, MigProfile] = {}
     if model:
