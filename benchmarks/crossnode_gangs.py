@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from rayaccel import catalog  # noqa: E402
 from rayaccel.placement import NodeState, place_gang  # noqa: E402
 from rayaccel.placement.domains import NodePlace, ring_allreduce  # noqa: E402
+from rayaccel.topology import near_nics  # noqa: E402
 
 TRAYS_PER_RACK = 18
 RACKS = ("rack-a", "rack-b")
@@ -179,22 +180,7 @@ def simulate(policy: str, jobs: list, topo, seed: int) -> dict:
             "decide_ms": 1000 * decide_s / len(jobs)}
 
 
-# ------------------------------------------------------------------ part 2: NICs
-def near_nics(topology, devices) -> tuple[str, ...]:
-    """The RDMA NICs at PIX, else PXB, from each of ``devices`` (UCX's ``device:port`` form, port 1).
-
-    A local stand-in for the fabric helper's ``near_nics`` (same contract), until it is merged.
-    """
-    out: list[str] = []
-    for d in devices:
-        for level in ("PIX", "PXB"):
-            got = [n.name for n in topology.nics if n.rdma and n.path_to(d) == level]
-            if got:
-                out.extend(f"{g}:1" for g in got if f"{g}:1" not in out)
-                break
-    return tuple(out)
-
-
+# ------------------------------------------------------------------ part 2: NICs (rayaccel.topology.near_nics)
 def ray_pinning(topology, order: list[int]) -> dict[int, str | None]:
     """``RAY_RDT_NIC_PINNING=1``: RDMA devices sorted by name; each actor, in arrival order, gets the first free."""
     pool = sorted(f"{n.name}:1" for n in topology.nics if n.rdma)
