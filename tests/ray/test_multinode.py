@@ -42,6 +42,29 @@ def test_remote_picks_the_node_with_an_nvlink_set(cluster):
     assert got["gpu_ids"] == [str(d) for d in got["devices"]]
 
 
+def test_a_constrained_remote_task_is_decided_once_in_its_worker(cluster):
+    """The constraints travel with the grant: the worker's arbiter decides once, with them (before,
+    the hook decided without them at Ray's grant and the task's set-up decided again with them)."""
+    import ray
+
+    from rayaccel.arbiter.statefile import DECISION_LOG
+
+    dgx = node_named(cluster, "dgx1-v100")
+    log_path = dgx.directory / DECISION_LOG
+
+    def decisions():
+        return log_path.read_text().count("\n") if log_path.exists() else 0
+
+    @rayaccel.remote(gpus=4, interconnect="nvlink")
+    def train():
+        return _where()
+
+    before = decisions()
+    got = ray.get(train.remote())
+    assert got["node"] == dgx.node_id and sorted(got["devices"]) in ([0, 1, 2, 3], [4, 5, 6, 7])
+    assert decisions() - before == 1
+
+
 def test_num_gpus_is_a_synonym_of_gpus_and_same_numa_is_honoured(cluster):
     import ray
 
