@@ -17,7 +17,7 @@ DASHBOARD = ROOT / "dashboards" / "rayaccel-grafana.json"
 #: PromQL words that are not metric names (functions, keywords, Grafana variables).
 PROMQL = {"sum", "max", "min", "avg", "count", "by", "without", "rate", "increase", "histogram_quantile", "vector",
           "or", "and", "unless", "label_values", "le", "node", "device", "state", "holder", "kind", "on", "ignoring",
-          "group_left", "group_right", "bool"}
+          "group_left", "group_right", "bool", "path"}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ ALLOWED = {s for n in M.ALL for s in M.series(n)}
 
 
 def test_metric_names_module():
-    assert len(set(M.ALL)) == 10 and set(M.TYPES) == set(M.ALL) == set(M.TAGS)
+    assert len(set(M.ALL)) == 13 and set(M.TYPES) == set(M.ALL) == set(M.TAGS)
     assert all(n.startswith("rayaccel_") for n in M.ALL)
     assert M.exported(M.DEVICE_STATE) == "ray_rayaccel_device_state"
     assert M.series(M.ARBITER_DECISION_SECONDS) == tuple(f"ray_rayaccel_arbiter_decision_seconds_{s}"
