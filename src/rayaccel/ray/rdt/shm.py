@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..._proc import start_time
+from ..._proc import start_time, state
 from ...errors import TransportError
 from ...memory.owners import SHM_DIR, is_alive, segment_prefix, sweep
 
@@ -140,7 +140,7 @@ def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str) -> list[Any
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
-        dead = not is_alive(*packed.owner)
+        dead = not alive(packed)
         raise TransportError(f"{what}: its shared-memory segment {path} is gone "
                              + ("(the producer, pid %d, died)" % packed.owner[0] if dead else
                                 "(the producer freed the object)"), what) from None
@@ -168,5 +168,5 @@ def unlink(packed: Packed) -> None:
 
 
 def alive(packed: Packed) -> bool:
-    """Whether the producer that wrote ``packed`` still runs."""
-    return is_alive(*packed.owner)
+    """Whether the producer that wrote ``packed`` still runs (a zombie does not: its objects are gone)."""
+    return is_alive(*packed.owner) and state(packed.owner[0]) not in ("Z", "X")

@@ -318,6 +318,8 @@ class RayaccelTransport(TensorTransportManager):
                 return self.wait_fetch_complete(req, -1 if deadline is None else max(0.0, deadline - time.monotonic()))
         elif req.kind == "map":
             if not shm.alive(meta.packed):
+                # the tensors lived in the producer (RDT's semantics), whatever its segment still holds
+                shm.unlink(meta.packed)
                 raise TransportError(f"{what}: its producer {meta.producer.label()} died before it was read", what)
             out = shm.read(meta.packed, meta.tensor_meta, what)
             out = _deliver(out, req.target, None)
@@ -392,6 +394,9 @@ class RayaccelTransport(TensorTransportManager):
             cause = getattr(e, "cause", None) or e
             if isinstance(cause, TransportError):
                 raise cause from None
+            if isinstance(e, ray.exceptions.RayActorError):
+                raise TransportError(f"{req.what}: its producer {req.meta.producer.label()} died before it could "
+                                     f"serve it ({req.path.path})", req.what) from None
             raise TransportError(f"{req.what}: its producer {req.meta.producer.label()} could not serve it "
                                  f"({req.path.path}): {type(cause).__name__}: {_first_line(cause)}", req.what) from None
 
@@ -419,9 +424,21 @@ class RayaccelTransport(TensorTransportManager):
             ping = self._producer_alive(req, ping)
 
     def _nixl_failed(self, req: _Fetch, e: BaseException) -> TransportError:
+        """One error for a failed NIXL read, saying whether the producer died (asked, a few seconds at most)."""
+        import ray
+
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        return TransportError(f"{req.what}: the NIXL read from {req.meta.producer.label()} failed "
-                              f"({type(e).__name__}: {lines[-1] if lines else ''})", req.what)
+        why = f"{type(e).__name__}: {lines[-1] if lines else ''}"
+        p = req.meta.producer
+        if p.actor is not None:
+            try:
+                ray.get(rp.call_on_actor(p.actor, _ping), timeout=5)
+            except ray.exceptions.RayActorError:
+                return TransportError(f"{req.what}: its producer {p.label()} died during the NIXL read ({why})",
+                                      req.what)
+            except Exception:  # noqa: BLE001 - unknown: report the read's own error
+                pass
+        return TransportError(f"{req.what}: the NIXL read from its producer {p.label()} failed ({why})", req.what)
 
     def _producer_alive(self, req: _Fetch, ping: Any) -> Any:
         """One liveness probe of the producer at a time; raises when it died mid-read."""
