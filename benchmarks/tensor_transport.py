@@ -18,8 +18,9 @@ One figure is the wall time of ``ray.get(consumer.take.remote(producer.<way>.rem
 the producer's method (and whatever it does with the tensor), the transfer, and the
 consumer reading one byte of every 4 KiB page (so a mapped tensor is really mapped in).
 The consumer returns a checksum of those bytes, checked against the producer's: every
-transfer is verified. Medians over ``--repeats`` after one warm-up per cell; ratios are
-the other way's median over the ``rayaccel`` median, in the same run.
+transfer is verified. The four ways run interleaved (the order rotating each round), so a
+change in the machine's load hits them alike; medians over ``--repeats`` rounds after one
+warm-up each; ratios are the other way's median over the ``rayaccel`` median, same run.
 
 The physical limit of each path, measured or modeled in the same run: ``memcpy`` is a
 warm ``torch`` copy of the same bytes in this process (one node's memory bandwidth, the
@@ -128,19 +129,22 @@ def main() -> int:
             expect = ray.get(prod.make.remote(n))
             limits[mib] = _memcpy_s(torch, n, repeats)
             for where, cons in (("same node", near), ("across nodes", far)):
-                for way in WAYS:
-                    times = []
-                    for i in range(repeats + 1):
-                        t0 = time.perf_counter()
-                        got = ray.get(cons.take.remote(method[way].remote()))
-                        dt = time.perf_counter() - t0
-                        if got != expect:
-                            raise SystemExit(f"error: {way} {where} {mib} MiB delivered different bytes "
-                                             f"(checksum {got} != {expect})")
-                        if i:
-                            times.append(dt)
-                    results[(mib, where, way)] = times
-                    print(f"  {mib:5d} MiB {where:12s} {way:12s} {statistics.median(times) * 1e3:9.1f} ms", flush=True)
+                def once(way: str) -> float:
+                    t0 = time.perf_counter()
+                    got = ray.get(cons.take.remote(method[way].remote()))
+                    dt = time.perf_counter() - t0
+                    if got != expect:
+                        raise SystemExit(f"error: {way} {where} {mib} MiB delivered different bytes "
+                                         f"(checksum {got} != {expect})")
+                    return dt
+
+                for way in WAYS:  # warm-up: agents, groups, first registrations
+                    once(way)
+                for r in range(repeats):  # interleaved, the order rotating: load drifts hit every way alike
+                    for way in WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]:
+                        results.setdefault((mib, where, way), []).append(once(way))
+                print(f"  {mib:5d} MiB {where:12s} " + "  ".join(
+                    f"{w} {statistics.median(results[(mib, where, w)]) * 1e3:.1f} ms" for w in WAYS), flush=True)
         _table(sizes, results, limits, MODEL["rdma_nic_gbps"], torch.cuda.is_available())
     finally:
         cluster.shutdown()

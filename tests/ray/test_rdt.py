@@ -73,9 +73,16 @@ def two_a100(ray_env):
 
     if ray.is_initialized():
         ray.shutdown()
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
     c = SimulatedCluster(["dgx-a100", "dgx-a100"], num_cpus=2, object_store_memory=400 << 20,
-                         logging_level="ERROR", log_to_driver=False,
+                         logging_level="ERROR", log_to_driver=False, metrics_export_port=port,
                          env={"RAY_rdt_fetch_fail_timeout_milliseconds": "60000"})
+    c.metrics_port = port
     try:
         yield c
     finally:
@@ -228,6 +235,35 @@ def test_64mib_reaches_a_consumer_on_its_node_and_one_on_the_other_bit_identical
     assert far_s["nixl"]["objects"] >= 3 and set(far_s) == {"nixl"}
     assert near_s["shared-memory"]["bytes"] >= 3 * 64 * MiB and far_s["nixl"]["seconds"] > 0
     assert "NIXL over UCX" in far_s["nixl"]["last_reason"]
+    _no_leaks(p)
+
+
+def test_bytes_and_seconds_per_path_reach_rays_prometheus_endpoint(two_a100, actors):
+    """Counted by the receiving process (the near consumer, on the head node) through ray.util.metrics."""
+    import urllib.request
+
+    import ray
+
+    from rayaccel import metrics_names as M
+
+    p, near = actors["producer"], actors["near"]
+    ray.get(p.make.remote("metrics", MiB, 14))
+    ref = p.get.remote("metrics")
+    ray.get(near.check.remote(ref))
+    del ref
+    url = f"http://127.0.0.1:{two_a100.metrics_port}/metrics"
+
+    def scraped():
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            return None
+        lines = [ln for ln in text.splitlines() if ln.startswith(M.exported(M.TRANSPORT_BYTES_TOTAL))
+                 and 'path="shared-memory"' in ln]
+        return lines or None
+
+    lines = wait_for(scraped, 90, "the transport's bytes on the head's metrics endpoint")
+    assert float(lines[0].rsplit(" ", 1)[1]) >= MiB and f'node="{actors["n0"]}"' in lines[0]
     _no_leaks(p)
 
 

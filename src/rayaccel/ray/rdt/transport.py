@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ray.experimental.rdt.tensor_transport_manager import (
@@ -37,15 +37,13 @@ from ray.experimental.rdt.tensor_transport_manager import (
 
 from ..._proc import start_time
 from ...errors import TransportError, TransportUnavailable
-from ...transfer import Endpoint, TensorPath, tensor_path
+from ...transfer import TensorPath
 from .. import _ray_private as rp
-from . import NAME, local, shm, telemetry
+from . import NAME, choose, local, shm, telemetry
 from .gpu import from_ipc, ipc_handles, synchronize, to_device
 
 log = logging.getLogger("rayaccel.ray.rdt")
 
-#: Diagnostic override of the path choice (``cuda-ipc``, ``shared-memory``, ``nixl``, ``object-store``).
-FORCE_ENV = "RAYACCEL_RDT_PATH"
 #: How often a waiting consumer checks for an abort and for its producer's death, seconds.
 POLL_S = 0.5
 
@@ -95,10 +93,10 @@ class _Produced:
 
     tensors: list
     packed: Optional[shm.Packed] = None
-    views: Optional[list] = None  # the producer's views of the segment (what NIXL registers for CPU)
+    contiguous: Optional[list] = None  # per tensor, the contiguous copy made of a strided one (or None)
     nixl: Any = None
     nixl_tensors: Optional[list] = None
-    host: Optional[tuple] = None  # CUDA tensors staged in a segment: (Packed, views)
+    host: Optional[shm.Packed] = None  # CUDA tensors staged in a segment
 
 
 @dataclass
@@ -195,7 +193,7 @@ class RayaccelTransport(TensorTransportManager):
             ok, why = shm.available()
             if ok:
                 try:
-                    st.packed, _mm, st.views = shm.write(tensors)
+                    st.packed, st.contiguous = shm.write(tensors)
                     meta.packed = st.packed
                 except OSError as e:
                     why = f"no shared-memory segment of {meta.nbytes} bytes could be made in {shm.SHM_DIR}: " \
@@ -238,20 +236,18 @@ class RayaccelTransport(TensorTransportManager):
                                                    f"serve a consumer on another node: {why}", obj_id)
                     local.prepare_ucx()
                     # the tensors themselves (a long-lived tensor keeps its NIXL registration cached);
-                    # a strided one: its shared-memory copy when there is one, else one contiguous copy
-                    ts = [t if t.is_contiguous() else (st.views[i] if st.views is not None else t.contiguous())
-                          for i, t in enumerate(st.tensors)]
+                    # a strided one: the contiguous copy made for its segment, else one made now
+                    made = st.contiguous or [None] * len(st.tensors)
+                    ts = [t if t.is_contiguous() else (c if c is not None else t.contiguous())
+                          for t, c in zip(st.tensors, made)]
                     st.nixl = rp.nixl_manager().extract_tensor_transport_metadata(obj_id, ts)
                     st.nixl_tensors = ts
                 return st.nixl
             if kind == "host":
                 if st.host is None:
-                    packed, _mm, views = shm.write(st.tensors)
-                    st.host = (packed, views)
-                return st.host[0]
+                    st.host, _ = shm.write(st.tensors)
+                return st.host
             if kind == "tensors":
-                if st.views is not None:
-                    return list(st.views)
                 return [t.detach().cpu() for t in st.tensors]
         raise ValueError(f"unknown request {kind!r}")
 
@@ -265,7 +261,7 @@ class RayaccelTransport(TensorTransportManager):
             if st.nixl is not None:
                 rp.nixl_manager().garbage_collect(obj_id, st.nixl, st.nixl_tensors)
         finally:
-            for packed in (st.packed, st.host[0] if st.host else None):
+            for packed in (st.packed, st.host):
                 if packed is not None:
                     shm.unlink(packed)
 
@@ -290,8 +286,8 @@ class RayaccelTransport(TensorTransportManager):
         if not meta.tensor_meta:
             return req
         self._check_abort(obj_id)
-        req.device = _destination(meta, target_buffers, what)
-        req.path, req.kind = self._decide(meta, req.device, what)
+        req.device = choose.destination(meta, target_buffers, what)
+        req.path, req.kind = choose.decide(meta, req.device, what)
         if req.kind in ("host", "nixl", "store") and not (req.kind == "nixl" and meta.nixl is not None):
             if meta.producer.actor is None:
                 raise TransportError(f"{what} was put by {meta.producer.label()}, which cannot be asked for it: "
@@ -335,40 +331,6 @@ class RayaccelTransport(TensorTransportManager):
         return out
 
     # ------------------------------------------------------------------ consumer helpers
-    def _decide(self, meta: RayaccelTransportMetadata, device: Any, what: str) -> tuple[TensorPath, str]:
-        p = meta.producer
-        here = local.node_id()
-        same = p.node_id == here
-        topo = local.topology()
-        src_dev = meta.devices[0] if meta.tensor_device == "cuda" and meta.devices else None
-        dst_dev = local.physical(device.index) if device is not None and device.type == "cuda" else None
-        src = Endpoint(p.node_id[:12], src_dev, topo if same else None)  # short ids: they name nodes in reasons
-        dst = Endpoint(here[:12] if not same else p.node_id[:12], dst_dev, topo)
-        forced = os.environ.get(FORCE_ENV)
-        if same and forced != "nixl":
-            path = tensor_path(src, dst, meta.nbytes, shared_memory=meta.tensor_device == "cuda" or meta.packed is not None)
-            if meta.tensor_device == "cpu":
-                kind = "map" if meta.packed is not None else "store"
-                if kind == "store":
-                    path = TensorPath("object-store", meta.shm_error or "no shared-memory segment", None, 0.0,
-                                      meta.nbytes, 2, "host-staged")
-            else:
-                kind = "ipc" if path.path == "cuda-ipc" else "host"
-            if forced == "object-store":
-                path, kind = _forced(path, "object-store"), "store"
-            elif forced == "shared-memory" and kind == "ipc":
-                path, kind = _forced(path, "shared-memory"), "host"
-            return path, kind
-        ok, why = local.nixl()
-        if not ok:
-            raise TransportUnavailable(f"{what} from {p.label()} to this process on node {here[:8]}: the nodes "
-                                       f"differ, so it travels by NIXL, but {why}", what)
-        path = tensor_path(src, dst, meta.nbytes, src_nics=p.nics, dst_nics=local.prepare_ucx() or local.near_nics(),
-                           gpudirect=bool(p.gpudirect and local.gpudirect()) if p.gpudirect is not None else None)
-        if forced == "object-store":
-            return _forced(path, "object-store"), "store"
-        return path, "nixl"
-
     def _check_abort(self, obj_id: str) -> None:
         with self._lock:
             if obj_id in self._aborted:
@@ -461,25 +423,6 @@ class RayaccelTransport(TensorTransportManager):
             raise TransportError(f"{req.what}: its producer {req.meta.producer.label()} died during the NIXL read "
                                  f"({type(e).__name__})", req.what) from None
         return None
-
-
-def _forced(path: TensorPath, name: str) -> TensorPath:
-    return TensorPath(name, f"forced by {FORCE_ENV}={name} (would be {path.path}: {path.reason})", None, 0.0,
-                      path.nbytes, path.copies, path.route, path.nics)
-
-
-def _destination(meta: RayaccelTransportMetadata, target: Optional[list], what: str) -> Any:
-    """The torch device the tensors land on: the target buffers', else this process's GPU for CUDA tensors."""
-    import torch
-
-    if target:
-        return target[0].device
-    if meta.tensor_device != "cuda":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise TransportError(f"{what} holds GPU tensors and this process has no usable GPU: give it one, or call "
-                             "ray.experimental.set_target_device_for_ref(ref, 'cpu') before ray.get", what)
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _deliver(tensors: list, target: Optional[list], device: Any) -> list:
