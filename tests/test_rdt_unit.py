@@ -101,7 +101,8 @@ def _tensors():
     g = torch.Generator().manual_seed(0)
     out = [(torch.rand(7, 5, generator=g) * 100).to(d) for d in DTYPES]
     base = torch.arange(48, dtype=torch.float32).reshape(6, 8)
-    out += [base[:, ::3], base.t(), torch.tensor(3.5), torch.empty(0, 4), torch.empty((2, 0), dtype=torch.int16)]
+    out += [base[:, ::3], base.t(), base[:, 5], torch.tensor(3.5), torch.empty(0, 4),
+            torch.empty((2, 0), dtype=torch.int16), base.unsqueeze(0).expand(2, 6, 8)]
     return out
 
 

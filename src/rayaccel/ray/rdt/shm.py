@@ -115,8 +115,9 @@ def write(tensors: Sequence[Any]) -> tuple[Packed, list[Any]]:
         else:
             os.ftruncate(fd, size)
             for t, off, n in zip(tensors, offsets, sizes):
-                flat = t.reshape(-1)  # a view when contiguous, else the one copy a strided tensor needs
-                made.append(None if t.is_contiguous() else flat.view(t.shape))
+                c = t.contiguous()  # itself when contiguous, else the one copy a strided tensor needs
+                made.append(None if c is t else c)
+                flat = c.reshape(-1)
                 if n:
                     _pwrite_all(fd, memoryview(flat.view(torch_uint8()).numpy()), off)
     except BaseException:
