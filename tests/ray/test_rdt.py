@@ -95,7 +95,7 @@ def _actors(cluster):
 
     @ray.remote(enable_tensor_transport=True, num_gpus=1, num_cpus=0)
     class Producer:
-        def __init__(self, no_shm: bool = False):
+        def __init__(self, no_shm: bool = False, full_shm: bool = False):
             self.held = {}
             if no_shm:  # a node without /dev/shm (e.g. a container that has none)
                 from pathlib import Path
@@ -103,6 +103,13 @@ def _actors(cluster):
                 from rayaccel.ray.rdt import shm
 
                 shm.SHM_DIR = Path("/nonexistent-shm")
+            if full_shm:  # a /dev/shm with no room left (e.g. Docker's 64 MiB default)
+                import errno
+
+                def full(*args):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+
+                os.pwrite = full
 
         def make(self, key: str, nbytes: int, seed: int) -> str:
             self.held[key] = make(nbytes, seed)
@@ -428,23 +435,28 @@ def test_a_producer_killed_during_a_cross_node_transfer_is_an_error_not_a_hang(a
     del r2
 
 
-def test_without_shared_memory_it_goes_through_the_object_store_with_one_warning(actors):
+@pytest.mark.parametrize("how,nbytes,why", [
+    ("no_shm", 2 * MiB, "/nonexistent-shm does not exist"),  # known at once: the producer makes small segments eagerly
+    ("full_shm", 8 * MiB, "No space left on device"),          # found when the first consumer asks for the segment
+])
+def test_without_shared_memory_it_goes_through_the_object_store_with_one_warning(actors, how, nbytes, why):
     import ray
 
-    Producer, pin = actors["Producer"], actors["pin"]
-    p = Producer.options(scheduling_strategy=pin(actors["n0"])).remote(no_shm=True)
-    want = ray.get(p.make.remote("s", 2 * MiB, 12))
-    near = actors["near"]
+    Producer, Consumer, pin = actors["Producer"], actors["Consumer"], actors["pin"]
+    p = Producer.options(scheduling_strategy=pin(actors["n0"])).remote(**{how: True})
+    near = Consumer.options(scheduling_strategy=pin(actors["n0"])).remote()
+    want = ray.get(p.make.remote("s", nbytes, 12))
     for _ in range(3):
         ref = p.get.remote("s")
         assert ray.get(near.check.remote(ref), timeout=300) == want
         del ref
     s = ray.get(near.stats.remote())
-    assert s["object-store"]["objects"] == 3 and "/nonexistent-shm does not exist" in s["object-store"]["last_reason"]
+    assert set(s) == {"object-store"} and s["object-store"]["objects"] == 3 and why in s["object-store"]["last_reason"]
     warns = ray.get(near.warnings.remote())
-    assert len(warns) == 1 and "/nonexistent-shm" in warns[0]
+    assert len(warns) == 1 and why in warns[0]
     _no_leaks(p)
     ray.kill(p)
+    ray.kill(near)
 
 
 def test_a_drivers_put_reaches_both_nodes(actors):

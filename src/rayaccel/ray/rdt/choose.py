@@ -20,8 +20,9 @@ FORCE_ENV = "RAYACCEL_RDT_PATH"
 
 
 def decide(meta: Any, device: Any, what: str) -> tuple[TensorPath, str]:
-    """The path for one consumer (this process) and what it does: ``map`` (a segment), ``ipc``, ``host``
-    (GPU memory the producer stages in a segment), ``nixl`` or ``store`` (Ray's object store).
+    """The path for one consumer (this process) and what it does: ``map`` (the segment the producer made
+    with the object), ``segment`` (ask the producer for it first), ``ipc``, ``host`` (GPU memory the
+    producer stages in a segment), ``nixl`` or ``store`` (Ray's object store).
 
     Raises:
         TransportUnavailable: the object must travel by NIXL and this process cannot import it.
@@ -39,9 +40,9 @@ def decide(meta: Any, device: Any, what: str) -> tuple[TensorPath, str]:
     if forced is not None:
         _check_forced(forced, same, meta.tensor_device, what)
     if same and forced != "nixl":
-        path = tensor_path(src, dst, meta.nbytes, shared_memory=meta.tensor_device == "cuda" or meta.packed is not None)
+        path = tensor_path(src, dst, meta.nbytes, shared_memory=meta.tensor_device == "cuda" or not meta.shm_error)
         if meta.tensor_device == "cpu":
-            kind = "map" if meta.packed is not None else "store"
+            kind = "map" if meta.packed is not None else ("store" if meta.shm_error else "segment")
             if kind == "store":
                 path = TensorPath("object-store", meta.shm_error or "no shared-memory segment", None, 0.0,
                                   meta.nbytes, 2, "host-staged")

@@ -1,13 +1,14 @@
 """``RayaccelTransport``: a one-sided Ray Direct Transport whose path is chosen by each consumer.
 
 Producer side (:meth:`RayaccelTransport.extract_tensor_transport_metadata`, when an actor
-method returns tensors): CPU tensors are copied once into a shared-memory segment
-(:mod:`.shm`); CUDA tensors get CUDA IPC handles (no copy). What a consumer on another
-node needs (NIXL registration), or on this node without a GPU peer path (GPU memory
-staged into host memory), is prepared only when a consumer asks for it: the consumer
-calls :func:`_serve` on the producer (``__ray_call__`` in RDT's short-call group), which
-does it once per object and keeps it until Ray frees the object
-(:meth:`RayaccelTransport.garbage_collect`).
+method returns tensors): CUDA tensors get CUDA IPC handles (no copy); small CPU objects
+(up to :data:`EAGER_SEGMENT_BYTES`) are copied once into a shared-memory segment
+(:mod:`.shm`) at once. Everything else is prepared only when a consumer asks for it --
+the segment of a larger CPU object (first consumer on this node), NIXL registration
+(a consumer on another node), GPU memory staged into host memory (a consumer on this
+node without a GPU peer path): the consumer calls :func:`_serve` on the producer
+(``__ray_call__`` in RDT's short-call group), which does it once per object and keeps it
+until Ray frees the object (:meth:`RayaccelTransport.garbage_collect`).
 
 Consumer side (:meth:`fetch_multiple_tensors` / :meth:`wait_fetch_complete`, in a consumer
 actor's ``__ray_recv__`` or in ``ray.get``): decide the path with
@@ -25,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ray.experimental.rdt.tensor_transport_manager import (
@@ -87,11 +88,18 @@ class RayaccelTransportMetadata(TensorTransportMetadata):
     __hash__ = object.__hash__
 
 
+#: CPU objects up to this size get their segment at once, with the producer's return (the copy
+#: is cheaper than asking for it later); larger ones when a consumer on this node first asks, so
+#: an object only read from other nodes is never copied into host memory for nothing.
+EAGER_SEGMENT_BYTES = 4 << 20
+
+
 @dataclass
 class _Produced:
     """A producer's state for one object, until Ray frees it."""
 
     tensors: list
+    lock: Any = field(default_factory=threading.Lock)  # one consumer's request at a time, per object
     packed: Optional[shm.Packed] = None
     contiguous: Optional[list] = None  # per tensor, the contiguous copy made of a strided one (or None)
     nixl: Any = None
@@ -191,14 +199,12 @@ class RayaccelTransport(TensorTransportManager):
         st = _Produced(tensors)
         if meta.tensor_device == "cpu":
             ok, why = shm.available()
-            if ok:
-                try:
-                    st.packed, st.contiguous = shm.write(tensors)
-                    meta.packed = st.packed
-                except OSError as e:
-                    why = f"no shared-memory segment of {meta.nbytes} bytes could be made in {shm.SHM_DIR}: " \
-                          f"{e.strerror or e}"
-            meta.shm_error = why or None
+            if not ok:
+                meta.shm_error = why
+            elif me.actor is None or meta.nbytes <= EAGER_SEGMENT_BYTES:
+                meta.packed = self._segment(st)
+                if isinstance(meta.packed, str):
+                    meta.shm_error, meta.packed = meta.packed, None
         elif meta.tensor_device == "cuda":
             synchronize(tensors)
             meta.ipc = ipc_handles(tensors)
@@ -216,18 +222,22 @@ class RayaccelTransport(TensorTransportManager):
     def serve(self, obj_id: str, kind: str) -> Any:
         """Prepare ``kind`` of object ``obj_id`` for a consumer (idempotent per object).
 
-        ``nixl``: NIXL metadata of the tensors (strided ones: their shared-memory copy, else a
-        contiguous copy); ``host``: the CUDA tensors copied once into a segment; ``tensors``: the
-        tensors on CPU (Ray's object store carries them back).
+        ``segment``: the CPU tensors' segment (made on the first request); ``nixl``: NIXL metadata
+        of the tensors (strided ones: their contiguous copy); ``host``: the CUDA tensors copied
+        once into a segment; ``tensors``: the tensors on CPU (Ray's object store carries them
+        back). ``segment`` and ``host`` return the reason instead when no segment can be made.
 
         Raises:
             TransportError: Ray freed the object here already, or this process cannot do ``kind``.
         """
         with self._lock:
             st = self._produced.get(obj_id)
-            if st is None:
-                raise TransportError(f"object {obj_id} is no longer held by its producer (pid {os.getpid()}): "
-                                     "freed, or the actor restarted", obj_id)
+        if st is None:
+            raise TransportError(f"object {obj_id} is no longer held by its producer (pid {os.getpid()}): "
+                                 "freed, or the actor restarted", obj_id)
+        with st.lock:
+            if kind == "segment":
+                return self._segment(st)
             if kind == "nixl":
                 if st.nixl is None:
                     ok, why = local.nixl()
@@ -245,11 +255,24 @@ class RayaccelTransport(TensorTransportManager):
                 return st.nixl
             if kind == "host":
                 if st.host is None:
-                    st.host, _ = shm.write(st.tensors)
+                    try:
+                        st.host, _ = shm.write(st.tensors)
+                    except OSError as e:
+                        return _no_segment(st, e)
                 return st.host
             if kind == "tensors":
                 return [t.detach().cpu() for t in st.tensors]
         raise ValueError(f"unknown request {kind!r}")
+
+    @staticmethod
+    def _segment(st: _Produced) -> "shm.Packed | str":
+        """The object's CPU segment (made now if it is not yet), or why there can be none."""
+        if st.packed is None:
+            try:
+                st.packed, st.contiguous = shm.write(st.tensors)
+            except OSError as e:
+                return _no_segment(st, e)
+        return st.packed
 
     def garbage_collect(self, obj_id: str, tensor_transport_meta: Any, tensors: list) -> None:
         with self._lock:
@@ -257,6 +280,11 @@ class RayaccelTransport(TensorTransportManager):
             self._aborted.discard(obj_id)
         if st is None:
             return
+        with st.lock:  # a request being served finishes first
+            self._free(obj_id, st)
+
+    @staticmethod
+    def _free(obj_id: str, st: _Produced) -> None:
         try:
             if st.nixl is not None:
                 rp.nixl_manager().garbage_collect(obj_id, st.nixl, st.nixl_tensors)
@@ -288,7 +316,7 @@ class RayaccelTransport(TensorTransportManager):
         self._check_abort(obj_id)
         req.device = choose.destination(meta, target_buffers, what)
         req.path, req.kind = choose.decide(meta, req.device, what)
-        if req.kind in ("host", "nixl", "store") and not (req.kind == "nixl" and meta.nixl is not None):
+        if req.kind in ("segment", "host", "nixl", "store") and not (req.kind == "nixl" and meta.nixl is not None):
             if meta.producer.actor is None:
                 raise TransportError(f"{what} was put by {meta.producer.label()}, which cannot be asked for it: "
                                      f"{req.path.reason}", obj_id)
@@ -319,8 +347,13 @@ class RayaccelTransport(TensorTransportManager):
                 raise TransportError(f"{what}: its producer {meta.producer.label()} died before it was read", what)
             out = shm.read(meta.packed, meta.tensor_meta, what)
             out = _deliver(out, req.target, None)
-        elif req.kind == "host":
+        elif req.kind in ("segment", "host"):
             packed = self._answer(req, deadline)
+            if isinstance(packed, str):  # the producer could make no segment: the object store is what is left
+                req.path = TensorPath("object-store", packed, None, 0.0, meta.nbytes, 2, "host-staged")
+                req.kind = "store"
+                req.pending = rp.call_on_actor(meta.producer.actor, _serve, req.obj_id, "tensors")
+                return self.wait_fetch_complete(req, -1 if deadline is None else max(0.0, deadline - time.monotonic()))
             out = _deliver(shm.read(packed, meta.tensor_meta, what), req.target, req.device)
         elif req.kind == "store":
             telemetry.warn_once(what, req.path.reason)
@@ -423,6 +456,11 @@ class RayaccelTransport(TensorTransportManager):
             raise TransportError(f"{req.what}: its producer {req.meta.producer.label()} died during the NIXL read "
                                  f"({type(e).__name__})", req.what) from None
         return None
+
+
+def _no_segment(st: _Produced, e: OSError) -> str:
+    n = sum(t.numel() * t.element_size() for t in st.tensors)
+    return f"no shared-memory segment of {n} bytes could be made in {shm.SHM_DIR}: {e.strerror or e}"
 
 
 def _deliver(tensors: list, target: Optional[list], device: Any) -> list:
