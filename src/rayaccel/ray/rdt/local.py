@@ -135,6 +135,23 @@ def near_nics(devs: tuple[int, ...] | None = None) -> tuple[str, ...]:
     return tuple(fabric_near_nics(topo, devs)) if topo is not None else ()
 
 
+_NODES_TTL_S = 30.0
+_nodes: tuple[float, int] = (-1e9, 0)
+
+
+def other_nodes() -> bool:
+    """Whether the cluster has alive nodes besides this one (asked at most every 30 s)."""
+    global _nodes
+    import time
+
+    import ray
+
+    now = time.monotonic()
+    if now - _nodes[0] > _NODES_TTL_S:
+        _nodes = (now, sum(1 for n in ray.nodes() if n.get("Alive")))
+    return _nodes[1] > 1
+
+
 _UCX_DONE = False
 
 

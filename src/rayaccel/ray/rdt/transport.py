@@ -1,9 +1,10 @@
 """``RayaccelTransport``: a one-sided Ray Direct Transport whose path is chosen by each consumer.
 
 Producer side (:meth:`RayaccelTransport.extract_tensor_transport_metadata`, when an actor
-method returns tensors): CUDA tensors get CUDA IPC handles (no copy); small CPU objects
-(up to :data:`EAGER_SEGMENT_BYTES`) are copied once into a shared-memory segment
-(:mod:`.shm`) at once. Everything else is prepared only when a consumer asks for it --
+method returns tensors): CUDA tensors get CUDA IPC handles (no copy); small objects
+(up to :data:`EAGER_BYTES`) are prepared at once: a CPU object is copied into a
+shared-memory segment (:mod:`.shm`), and in a cluster of several nodes registered with
+NIXL. Everything else is prepared only when a consumer asks for it --
 the segment of a larger CPU object (first consumer on this node), NIXL registration
 (a consumer on another node), GPU memory staged into host memory (a consumer on this
 node without a GPU peer path): the consumer calls :func:`_serve` on the producer
@@ -88,10 +89,11 @@ class RayaccelTransportMetadata(TensorTransportMetadata):
     __hash__ = object.__hash__
 
 
-#: CPU objects up to this size get their segment at once, with the producer's return (the copy
-#: is cheaper than asking for it later); larger ones when a consumer on this node first asks, so
+#: Objects up to this size are prepared at once, with the producer's return: a CPU object's
+#: segment, and in a cluster of several nodes its NIXL registration (either costs less than a
+#: consumer's request for it would). Larger ones are prepared when a consumer first asks, so
 #: an object only read from other nodes is never copied into host memory for nothing.
-EAGER_SEGMENT_BYTES = 4 << 20
+EAGER_BYTES = 4 << 20
 
 
 @dataclass
@@ -201,7 +203,7 @@ class RayaccelTransport(TensorTransportManager):
             ok, why = shm.available()
             if not ok:
                 meta.shm_error = why
-            elif me.actor is None or meta.nbytes <= EAGER_SEGMENT_BYTES:
+            elif me.actor is None or meta.nbytes <= EAGER_BYTES:
                 meta.packed = self._segment(st)
                 if isinstance(meta.packed, str):
                     meta.shm_error, meta.packed = meta.packed, None
@@ -211,8 +213,10 @@ class RayaccelTransport(TensorTransportManager):
             meta.devices = tuple(local.physical(t.device.index) for t in tensors)
         with self._lock:
             self._produced[obj_id] = st
-        if me.actor is None and local.nixl()[0]:
-            # a driver's ray.put: no actor a remote consumer could ask later, so register now
+        small = meta.nbytes <= EAGER_BYTES
+        if (me.actor is None or (small and local.other_nodes())) and local.nixl()[0]:
+            # a driver's ray.put: no actor a remote consumer could ask later; a small object in a
+            # cluster of several nodes: registering costs less than a consumer's request would
             try:
                 meta.nixl = self.serve(obj_id, "nixl")
             except Exception as e:  # noqa: BLE001 - same-node consumers still work; remote ones get this reason
