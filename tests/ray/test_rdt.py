@@ -304,7 +304,7 @@ def test_concurrent_consumers_of_one_tensor(actors):
     import ray
 
     p = actors["producer"]
-    want = ray.get(p.make.remote("c", 16 * MiB, 4))
+    want = ray.get(p.make.remote("c", 24 * MiB, 4))  # above EAGER_BYTES: the first requests make the segment
     ref = p.get.remote("c")
     cons = [actors["near"], actors["far"], actors["far2"]]
     got = ray.get([c.check.remote(ref) for c in cons for _ in range(2)], timeout=300)
@@ -437,10 +437,14 @@ def test_a_producer_killed_during_a_cross_node_transfer_is_an_error_not_a_hang(a
 
 @pytest.mark.parametrize("how,nbytes,why", [
     ("no_shm", 2 * MiB, "/nonexistent-shm does not exist"),  # known at once: the producer makes small segments eagerly
-    ("full_shm", 8 * MiB, "No space left on device"),          # found when the first consumer asks for the segment
+    ("full_shm", 24 * MiB, "No space left on device"),         # found when the first consumer asks for the segment
 ])
 def test_without_shared_memory_it_goes_through_the_object_store_with_one_warning(actors, how, nbytes, why):
     import ray
+
+    from rayaccel.ray.rdt.transport import EAGER_BYTES
+
+    assert (nbytes <= EAGER_BYTES) == (how == "no_shm")
 
     Producer, Consumer, pin = actors["Producer"], actors["Consumer"], actors["pin"]
     p = Producer.options(scheduling_strategy=pin(actors["n0"])).remote(**{how: True})

@@ -93,7 +93,7 @@ class RayaccelTransportMetadata(TensorTransportMetadata):
 #: segment, and in a cluster of several nodes its NIXL registration (either costs less than a
 #: consumer's request for it would). Larger ones are prepared when a consumer first asks, so
 #: an object only read from other nodes is never copied into host memory for nothing.
-EAGER_BYTES = 4 << 20
+EAGER_BYTES = 16 << 20
 
 
 @dataclass
