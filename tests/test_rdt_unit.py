@@ -253,3 +253,27 @@ def test_nixl_check_names_what_to_install(monkeypatch):
         assert not ok and "pip install 'rayaccel[nixl]'" in why
     finally:
         local.nixl.cache_clear()
+
+
+# ---------------------------------------------------------------- the diagnostic override
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.one_of(st.text(max_size=40), st.sampled_from(["nixl", "shared-memory", "cuda-ipc", "object-store"])),
+       same=st.booleans(), device=st.sampled_from(["cpu", "cuda"]))
+def test_rayaccel_rdt_path_is_valid_or_one_clear_line(value, same, device):
+    from rayaccel.ray.rdt.choose import FORCE_ENV, _check_forced
+    from rayaccel.transfer import TENSOR_PATHS
+
+    try:
+        _check_forced(value, same, device, "object x")
+    except TransportError as e:
+        msg = str(e)
+        assert msg.startswith(f"{FORCE_ENV}=") and "\n" not in msg.replace(repr(value), "")
+        assert value not in TENSOR_PATHS or not same or (value == "cuda-ipc" and device == "cpu")
+    else:
+        assert value in TENSOR_PATHS
+        assert same or value in ("nixl", "object-store")
+        assert not (value == "cuda-ipc" and device == "cpu")
