@@ -231,10 +231,10 @@ def test_ucx_net_devices_only_for_nics_this_machine_has(monkeypatch, tmp_path):
     monkeypatch.setattr(local, "topology", lambda: topo)
     monkeypatch.setattr(local, "_UCX_DONE", False)
     monkeypatch.setenv("RAYACCEL_DEVICES", "[0]")
-    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
+    monkeypatch.setenv("UCX_NET_DEVICES", "")  # empty is unset; and monkeypatch now restores what was there
     monkeypatch.setattr(local, "IB_DIR", tmp_path)  # a simulated node: no such NICs here
     assert local.near_nics() == ("mlx5_0", "mlx5_1")
-    assert local.prepare_ucx() == () and "UCX_NET_DEVICES" not in os.environ
+    assert local.prepare_ucx() == () and not os.environ["UCX_NET_DEVICES"]
     monkeypatch.setattr(local, "_UCX_DONE", False)
     (tmp_path / "mlx5_1").mkdir()
     assert local.prepare_ucx() == ("mlx5_1",) and os.environ["UCX_NET_DEVICES"] == "mlx5_1:1"

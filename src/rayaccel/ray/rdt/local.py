@@ -124,15 +124,20 @@ def gpudirect() -> bool | None:
     return gpudirect_check(topo, "nvidia", "/proc/modules").status == "ok"
 
 
+@functools.lru_cache(maxsize=1)
+def _nic_helper() -> Any:
+    try:
+        from ...fabric import near_nics as fabric_near_nics  # SEAM: issue 14 ("the NIC next to each GPU")
+    except ImportError:
+        return _near_nics_model
+    return fabric_near_nics
+
+
 def near_nics(devs: tuple[int, ...] | None = None) -> tuple[str, ...]:
     """The RDMA NICs nearest this process's devices (issue 14's fabric helper once merged)."""
     topo = topology()
     devs = devices() if devs is None else devs
-    try:
-        from ...fabric import near_nics as fabric_near_nics  # SEAM: issue 14 ("the NIC next to each GPU")
-    except ImportError:
-        return _near_nics_model(topo, devs)
-    return tuple(fabric_near_nics(topo, devs)) if topo is not None else ()
+    return tuple(_nic_helper()(topo, devs)) if topo is not None else ()
 
 
 _NODES_TTL_S = 30.0
@@ -179,18 +184,21 @@ def prepare_ucx() -> tuple[str, ...]:
     return real
 
 
-def actor_id() -> str | None:
-    """This actor's id (hex), or None outside an actor."""
-    import ray
-
-    return ray.get_runtime_context().get_actor_id()
+_ACTOR: tuple | None = None
 
 
-def current_actor() -> Any:
-    """A handle to the actor this process runs, or None (a driver, a task)."""
-    import ray
+def current_actor() -> tuple[Any, str | None]:
+    """(a handle to the actor this process runs, its id hex), or (None, None) in a driver or a task.
 
-    try:
-        return ray.get_runtime_context().current_actor
-    except RuntimeError:
-        return None
+    Cached: an actor's worker process runs that one actor for its whole life.
+    """
+    global _ACTOR
+    if _ACTOR is None:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        aid = ctx.get_actor_id()
+        if aid is None:
+            return None, None  # not cached: a task's process may become an actor's
+        _ACTOR = (ctx.current_actor, aid)
+    return _ACTOR

@@ -187,9 +187,9 @@ class RayaccelTransport(TensorTransportManager):
         tensors = list(rdt_object)
         pid = os.getpid()
         devs = local.devices()
-        actor = local.current_actor()
-        me = Producer(local.node_id(), pid, start_time(pid) or 0, actor, local.actor_id() if actor else None, devs,
-                      local.near_nics(devs), local.gpudirect())
+        actor, actor_id = local.current_actor()
+        me = Producer(local.node_id(), pid, start_time(pid) or 0, actor, actor_id, devs, local.near_nics(devs),
+                      local.gpudirect())
         meta = RayaccelTransportMetadata(tensor_meta=[(t.shape, t.dtype) for t in tensors], producer=me)
         if not tensors:
             return meta
