@@ -274,6 +274,23 @@ def test_bytes_and_seconds_per_path_reach_rays_prometheus_endpoint(two_a100, act
     _no_leaks(p)
 
 
+def test_every_worker_of_a_rayaccel_node_knows_the_transport(actors):
+    """Without any registration pushed by a driver (a plain actor, no enable_tensor_transport)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def worker_side():
+        import sys
+
+        from ray.experimental.rdt import util
+
+        wrapped = getattr(util._ensure_default_transports_registered, "__rayaccel_wrapped__", False)
+        return wrapped, "rayaccel.ray.hook" in sys.modules, util.normalize_and_validate_tensor_transport("rayaccel")
+
+    for n in (actors["n0"], actors["n1"]):
+        assert ray.get(worker_side.options(scheduling_strategy=actors["pin"](n)).remote()) == (True, True, "RAYACCEL")
+
+
 def test_garbage_collection_and_wait_tensor_freed(actors):
     import ray
 

@@ -436,7 +436,6 @@ def refine(request: Any) -> Current | None:
 def _install() -> bool:
     if not os.environ.get(NODE_DIR_ENV):
         return False
-    from . import rdt; rdt.install()  # TEMPORARY (issue 15 branch): the `rayaccel` tensor transport; lead's hook calls this
     from . import _ray_private as rp
 
     installed = rp.install(_get_ids, _after_set_visible, _after_task)
