@@ -277,3 +277,150 @@ def test_rayaccel_rdt_path_is_valid_or_one_clear_line(value, same, device):
         assert value in TENSOR_PATHS
         assert same or value in ("nixl", "object-store")
         assert not (value == "cuda-ipc" and device == "cpu")
+
+
+# ---------------------------------------------------------------- CUDA IPC, without a GPU
+class _Mapped:
+    """What torch's rebuild_cuda_tensor gives: memory opened on ``ordinal``; records copies."""
+
+    def __init__(self, ordinal):
+        self.ordinal, self.ops = ordinal, []
+
+    def clone(self):
+        self.ops.append("clone")
+        return ("own copy", self.ordinal)
+
+    def to(self, device, copy=False):
+        self.ops.append(("to", device.index, copy))
+        return ("copied to", device.index)
+
+
+def _handle(seen):
+    def rebuild(*args):
+        m = _Mapped(args[6])
+        seen.append(m)
+        return m
+    return rebuild, tuple([None] * 6 + [0] + [None] * 8)
+
+
+@pytest.mark.parametrize("mine,producer_dev,consumer_ordinal,opened_on,result", [
+    ("[4]", 4, 0, 0, "zero copy"),                   # the producer's own GPU, shared (fractional GPUs)
+    ("[4, 5]", 5, 0, 1, ("copied to", 0)),           # visible here: opened on its ordinal, one copy onto ours
+    ("[4]", 6, 0, 0, ("own copy", 0)),               # not visible: opened on our device, one copy
+], ids=["same-gpu", "visible-peer", "hidden-peer"])
+def test_cuda_ipc_opens_where_it_can_and_copies_at_most_once(monkeypatch, mine, producer_dev, consumer_ordinal,
+                                                             opened_on, result):
+    from rayaccel.ray.rdt import gpu
+
+    monkeypatch.setenv("RAYACCEL_DEVICES", mine)
+    seen = []
+    out = gpu.from_ipc([_handle(seen)], [producer_dev], torch.device("cuda", consumer_ordinal), None)
+    assert seen[0].ordinal == opened_on
+    if result == "zero copy":
+        assert out == [seen[0]] and seen[0].ops == []
+    else:
+        assert out == [result] and len(seen[0].ops) == 1
+
+
+def test_cuda_ipc_into_target_buffers_is_one_copy(monkeypatch):
+    from rayaccel.ray.rdt import gpu
+
+    monkeypatch.setenv("RAYACCEL_DEVICES", "[4]")
+    copied = []
+
+    class Buf:
+        def copy_(self, src):
+            copied.append(src)
+
+    seen, buf = [], Buf()
+    assert gpu.from_ipc([_handle(seen)], [4], torch.device("cuda", 0), [buf]) == [buf]
+    assert copied == [seen[0]]
+
+
+def test_cuda_ipc_handle_of_an_unknown_layout_is_refused(monkeypatch):
+    from rayaccel.ray.rdt import gpu
+
+    monkeypatch.setenv("RAYACCEL_DEVICES", "[4]")
+    with pytest.raises(RuntimeError, match="unexpected CUDA IPC handle layout"):
+        gpu.from_ipc([(lambda *a: None, tuple([None] * 6 + ["cuda:0"]))], [4], torch.device("cuda", 0), None)
+
+
+# ---------------------------------------------------------------- the choice, per consumer
+def _meta(node, device_type, devices=(), packed=True, shm_error=None, gpudirect=None, nixl=None):
+    from types import SimpleNamespace
+
+    from rayaccel.ray.rdt.transport import Producer
+
+    prod = Producer(node, 1, 1, None, None, devices, ("mlx5_0",), gpudirect)
+    return SimpleNamespace(producer=prod, tensor_device=device_type, devices=devices, nbytes=64 << 20,
+                           packed=object() if packed else None, shm_error=shm_error, nixl=nixl,
+                           tensor_meta=[((4,), torch.float32)])
+
+
+@pytest.fixture
+def dgx1_here(monkeypatch):
+    from rayaccel import catalog
+    from rayaccel.ray.rdt import local
+
+    topo = catalog.load("dgx1-v100")
+    monkeypatch.setattr(local, "node_id", lambda: "node-a" + "0" * 50)
+    monkeypatch.setattr(local, "topology", lambda: topo)
+    monkeypatch.setattr(local, "gpudirect", lambda: None)
+    monkeypatch.setattr(local, "prepare_ucx", lambda: ())
+    monkeypatch.delenv("RAYACCEL_RDT_PATH", raising=False)
+    return topo
+
+
+@pytest.mark.parametrize("producer_dev,mine,kind,path", [
+    (2, "[2]", "ipc", "cuda-ipc"),          # one GPU, shared
+    (0, "[3]", "ipc", "cuda-ipc"),          # NV2 peers
+    (0, "[1]", "ipc", "cuda-ipc"),          # NV1 peers
+    (0, "[5]", "host", "shared-memory"),    # SYS: staged through a segment
+], ids=["same-gpu", "nv2", "nv1", "sys"])
+def test_gpu_tensors_on_one_node(dgx1_here, monkeypatch, producer_dev, mine, kind, path):
+    from rayaccel.ray.rdt import choose
+
+    monkeypatch.setenv("RAYACCEL_DEVICES", mine)
+    p, k = choose.decide(_meta("node-a" + "0" * 50, "cuda", (producer_dev,)), torch.device("cuda", 0), "object x")
+    assert (k, p.path) == (kind, path)
+
+
+@pytest.mark.parametrize("packed,shm_error,kind,path", [
+    (True, None, "map", "shared-memory"), (False, None, "segment", "shared-memory"),
+    (False, "/dev/shm does not exist", "store", "object-store"),
+], ids=["eager", "lazy", "no-shm"])
+def test_cpu_tensors_on_one_node(dgx1_here, monkeypatch, packed, shm_error, kind, path):
+    from rayaccel.ray.rdt import choose
+
+    monkeypatch.setenv("RAYACCEL_DEVICES", "[0]")
+    p, k = choose.decide(_meta("node-a" + "0" * 50, "cpu", packed=packed, shm_error=shm_error), torch.device("cpu"),
+                         "object x")
+    assert (k, p.path) == (kind, path) and (shm_error is None or shm_error in p.reason)
+
+
+def test_another_node_is_nixl_with_both_ends_nics(dgx1_here, monkeypatch):
+    from rayaccel.ray.rdt import choose, local
+
+    monkeypatch.setenv("RAYACCEL_DEVICES", "[6]")
+    monkeypatch.setattr(local, "nixl", lambda: (True, ""))
+    p, k = choose.decide(_meta("node-b" + "0" * 50, "cpu"), torch.device("cpu"), "object x")
+    assert k == "nixl" and p.path == "nixl" and p.nics == (("mlx5_0",), ("mlx5_3",))
+
+
+def test_another_node_without_nixl_names_the_install(dgx1_here, monkeypatch):
+    from rayaccel.errors import TransportUnavailable
+    from rayaccel.ray.rdt import choose, local
+
+    monkeypatch.setattr(local, "nixl", lambda: (False, "NIXL is not installed (x): pip install 'rayaccel[nixl]'"))
+    with pytest.raises(TransportUnavailable, match=r"the nodes differ, so it travels by NIXL.*rayaccel\[nixl\]"):
+        choose.decide(_meta("node-b" + "0" * 50, "cpu"), torch.device("cpu"), "object x")
+
+
+@pytest.mark.parametrize("forced,kind", [("object-store", "store"), ("nixl", "nixl"), ("shared-memory", "map")])
+def test_the_diagnostic_override(dgx1_here, monkeypatch, forced, kind):
+    from rayaccel.ray.rdt import choose, local
+
+    monkeypatch.setattr(local, "nixl", lambda: (True, ""))
+    monkeypatch.setenv("RAYACCEL_RDT_PATH", forced)
+    p, k = choose.decide(_meta("node-a" + "0" * 50, "cpu"), torch.device("cpu"), "object x")
+    assert k == kind and (forced == "shared-memory" or p.reason.startswith(f"forced by RAYACCEL_RDT_PATH={forced}"))
