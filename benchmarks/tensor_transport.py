@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import statistics
 import sys
@@ -75,7 +76,7 @@ def main() -> int:
     from ray.experimental.collective import create_collective_group
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    import rayaccel.ray  # noqa: F401 - makes tensor_transport="rayaccel" known in this driver
+    importlib.import_module("rayaccel.ray")  # makes tensor_transport="rayaccel" known in this driver
     from rayaccel.ray.cluster import SimulatedCluster
     from rayaccel.transfer import MODEL
 

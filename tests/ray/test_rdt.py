@@ -324,10 +324,11 @@ def test_concurrent_consumers_of_one_tensor(actors):
     want = ray.get(p.make.remote("c", 24 * MiB, 4))  # above EAGER_BYTES: the first requests make the segment
     ref = p.get.remote("c")
     cons = [actors["near"], actors["far"], actors["far2"]]
-    got = ray.get([c.check.remote(ref) for c in cons for _ in range(2)], timeout=300)
+    pending = [c.check.remote(ref) for c in cons for _ in range(2)]  # three actors at once, twice each
     out = []
-    t = threading.Thread(target=lambda: out.append(digest(ray.get(ref, timeout=300))))
+    t = threading.Thread(target=lambda r=ref: out.append(digest(ray.get(r, timeout=300))))  # and the driver
     t.start()
+    got = ray.get(pending, timeout=300)
     t.join(300)
     assert got == [want] * 6 and out == [want]
     del ref
