@@ -9,10 +9,12 @@ It runs ``NvidiaBackend().discover()``, captures ``nvidia-smi topo -m`` and
 ``nvidia-smi -L``, imports those captures with rayaccel's importer (when it is
 available) and prints, side by side, devices (model, uuid, NUMA node, CPUs) and
 every device pair's link (kind, lanes, PCIe class), flagging mismatches with
-``!!``; then ``rayaccel doctor``'s local hardware checks and the health watcher's
-probe for ``--health-seconds`` (read-only: nothing on the GPU is changed). It always
-exits 0 and ends with a one-line summary; with ``--out`` it also writes the raw
-captures and both topologies as JSON.
+``!!``; then ``rayaccel doctor``'s local hardware checks, the health watcher's
+probe for ``--health-seconds`` (read-only: nothing on the GPU is changed) and the
+``rayaccel`` tensor transport's paths on the real devices (``scripts/transport_check.py``:
+CUDA IPC and GPU NIXL against torch device copies; ``--no-transport`` skips it, and
+without a GPU only its CPU row runs). It always exits 0 and ends with a one-line
+summary; with ``--out`` it also writes the raw captures and both topologies as JSON.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--health-seconds", type=float, default=5.0, help="how long to run the health probe")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for captures and JSON (default $OUT)")
+    ap.add_argument("--no-transport", action="store_true", help="skip the tensor transport checks")
+    ap.add_argument("--transport-sizes", default="64,256", help="MiB for the transport checks (default 64,256)")
     args = ap.parse_args()
     out_dir = Path(args.out) if args.out else None
     if out_dir:
@@ -158,11 +162,24 @@ def main() -> int:
     nv = len([l for l in mine.links if l.kind == "nvlink"]) if mine else 0
     checks = _doctor(mine) if mine else []
     events = _health(mine, args.health_seconds) if mine else None
+    transport = "transport not run" if args.no_transport else _transport(args.transport_sizes)
     print(f"\nSUMMARY: backend {'ok' if mine else 'unavailable'}; {n} devices; {nv} NVLink pairs; "
           f"capture import {'ok' if theirs else 'skipped'}; {mismatches} mismatches; doctor "
           f"{sum(c.status == 'fail' for c in checks)} fail / {sum(c.status == 'warn' for c in checks)} warn; "
-          f"health watcher {'not run' if events is None else f'{len(events)} event(s)'}")
+          f"health watcher {'not run' if events is None else f'{len(events)} event(s)'}; {transport}")
     return 0
+
+
+def _transport(sizes: str) -> str:
+    """The tensor transport's paths on these devices (scripts/transport_check.py); its summary."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import transport_check
+
+        return transport_check.run(tuple(int(s) for s in sizes.split(",") if s.strip()))
+    except Exception as e:  # noqa: BLE001 - a device script reports, it does not stop
+        print(f"!! transport check raised {type(e).__name__}: {e}")
+        return "transport check failed"
 
 
 def _doctor(topo):

@@ -17,7 +17,7 @@ DASHBOARD = ROOT / "dashboards" / "rayaccel-grafana.json"
 #: PromQL words that are not metric names (functions, keywords, Grafana variables).
 PROMQL = {"sum", "max", "min", "avg", "count", "by", "without", "rate", "increase", "histogram_quantile", "vector",
           "or", "and", "unless", "label_values", "le", "node", "device", "state", "holder", "kind", "on", "ignoring",
-          "group_left", "group_right", "bool"}
+          "group_left", "group_right", "bool", "path"}
 
 
 @pytest.fixture(scope="module")

@@ -164,9 +164,24 @@ def build() -> dict:
                 [target(f"sum by (node) ({m(M.UNHOOKED_GPU_SLOTS)}{{{NODE}}})", "{{node}}", instant=True)],
                 defaults={"thresholds": {"mode": "absolute", "steps": [{"color": "green", "value": None},
                                                                      {"color": "orange", "value": 1}]}}), 8, 8)
+    L.row("Tensor transport")
+    tb, ts, to = m(M.TRANSPORT_BYTES_TOTAL), m(M.TRANSPORT_SECONDS_TOTAL), m(M.TRANSPORT_OBJECTS_TOTAL)
+    L.add(panel("timeseries", "Tensor bytes per path", "Bytes the `rayaccel` tensor transport delivered per second, "
+                "by path (cuda-ipc, shared-memory, nixl, object-store), counted by the receiving process's node.",
+                [target(f"sum by (node, path) (rate({tb}{{{NODE}}}[$__rate_interval]))", "{{node}} {{path}}")],
+                defaults={"unit": "Bps", "min": 0}), 12, 8)
+    L.add(panel("timeseries", "Tensor bandwidth per path", "Bytes delivered over the seconds spent receiving them: "
+                "the achieved bandwidth of each path.",
+                [target(f"sum by (node, path) (rate({tb}{{{NODE}}}[$__rate_interval])) / "
+                        f"sum by (node, path) (rate({ts}{{{NODE}}}[$__rate_interval]))", "{{node}} {{path}}")],
+                defaults={"unit": "Bps", "min": 0}), 12, 8)
+    L.add(panel("bargauge", "Objects per path", "Objects delivered per path over the dashboard's range; "
+                "object-store means no faster path could serve (each such transfer logs why).",
+                [target(f"sum by (path) (increase({to}{{{NODE}}}[$__range]))", "{{path}}", instant=True)],
+                options={"displayMode": "basic", "orientation": "horizontal"}), 24, 6)
     node_query = f"label_values({m(M.DEVICE_STATE)}, node)"
     return {
-        "title": "rayaccel", "uid": "rayaccel", "description": "rayaccel: devices, health and the arbiter, per node "
+        "title": "rayaccel", "uid": "rayaccel", "description": "rayaccel: devices, health, the arbiter and the tensor transport, per node "
         "(metrics exported through Ray's Prometheus endpoint).", "tags": ["ray", "rayaccel", "gpu"],
         "schemaVersion": 39, "version": 1, "editable": True, "graphTooltip": 1, "refresh": "10s",
         "time": {"from": "now-1h", "to": "now"},

@@ -9,12 +9,15 @@ Public surface (``__all__``; tests/test_api.py holds ``__all__`` to this list):
 * errors, the tree drawn in :mod:`rayaccel.errors`: ``RayaccelError``, ``TopologyError``,
   ``CaptureError``, ``CatalogError``, ``BackendError``, ``BackendUnavailable``, ``PluginError``,
   ``RequestError``, ``OutputPathError``, ``ClusterError``, ``Unsatisfiable``, ``StoreError``,
-  ``CorruptObject``, ``StoreFull``, ``UnknownObject``, ``StateError``
+  ``CorruptObject``, ``StoreFull``, ``UnknownObject``, ``StateError``, ``TransportError``,
+  ``TransportUnavailable``
 * ``__version__``
 
-``import rayaccel`` imports nothing else: every name is fetched from its module on first
-access (PEP 562 ``__getattr__``), so the import is cheap -- every worker of a rayaccel node
-pays it -- and never fails because a vendor library or driver is absent.
+``import rayaccel`` imports nothing else but the tensor transport's registration
+(:mod:`rayaccel.ray.rdt`: standard library only, it never imports ray; a driver that imports
+rayaccel can use ``tensor_transport="rayaccel"``): every name is fetched from its module on
+first access (PEP 562 ``__getattr__``), so the import is cheap -- every worker of a rayaccel
+node pays it -- and never fails because a vendor library or driver is absent.
 ``from rayaccel import Device`` works as usual.
 """
 
@@ -22,7 +25,7 @@ __version__ = "0.1.0"
 
 _ERRORS = ("RayaccelError", "TopologyError", "CaptureError", "CatalogError", "BackendError", "BackendUnavailable",
            "PluginError", "RequestError", "OutputPathError", "ClusterError", "Unsatisfiable", "StoreError",
-           "CorruptObject", "StoreFull", "UnknownObject", "StateError")
+           "CorruptObject", "StoreFull", "UnknownObject", "StateError", "TransportError", "TransportUnavailable")
 
 # name -> module that defines it (imported on first access)
 _LAZY = {
@@ -44,6 +47,11 @@ _LAZY = {
 }
 
 __all__ = sorted(["__version__", *_LAZY])
+
+
+from .ray import rdt as _rdt  # noqa: E402 - stdlib only, never imports ray (see the module docstring)
+
+_rdt.install()
 
 
 def __getattr__(name: str) -> object:

@@ -26,6 +26,15 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (``R``, ``S``, ``Z`` for a zombie, ...), or None (no such process)."""
+    rest = _stat(pid)
+    try:
+        return rest[0].decode() if rest is not None else None
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
 def parent(pid: int) -> int | None:
     """The parent pid of ``pid``, or None."""
     rest = _stat(pid)

@@ -16,10 +16,12 @@ caller can catch them all at once; each carries the context a person needs
     ├── ClusterError                   the Ray layer cannot do what was asked
     │   └── Unsatisfiable              a request no node can ever meet (fails fast)
     ├── StateError                     a node's arbiter state, table or published snapshot is malformed (names the field)
-    └── StoreError                     the tiered memory store
-        ├── CorruptObject              a spill file failed its checksum or is truncated
-        ├── StoreFull                  no tier has room (nothing is lost)
-        └── UnknownObject              a handle that is not (or no longer) in the store
+    ├── StoreError                     the tiered memory store
+    │   ├── CorruptObject              a spill file failed its checksum or is truncated
+    │   ├── StoreFull                  no tier has room (nothing is lost)
+    │   └── UnknownObject              a handle that is not (or no longer) in the store
+    └── TransportError                 the ``rayaccel`` tensor transport cannot deliver an object (names it, why)
+        └── TransportUnavailable       a library a path needs is missing (names it and what to install)
 
 An unsatisfiable placement on the current free state is *not* an error: it is a
 :class:`rayaccel.placement.Rejection` with reasons.
@@ -172,3 +174,22 @@ class StateError(RayaccelError, ValueError):
     def __init__(self, message: str, field: str | None = None):
         self.field = field
         super().__init__(f"{field}: {message}" if field else message)
+
+
+class TransportError(RayaccelError):
+    """The ``rayaccel`` tensor transport (Ray Direct Transport) cannot deliver an object.
+
+    Attributes:
+        object: which object (and for whom), as the message names it; None when unknown.
+    """
+
+    def __init__(self, message: str, object: str | None = None):
+        self.object = object
+        super().__init__(message)
+
+    def __reduce__(self):  # travels between Ray processes (a consumer's failed receive)
+        return (type(self), (self.args[0], self.object))
+
+
+class TransportUnavailable(TransportError):
+    """A library the chosen path needs (NIXL, torch) is missing where it must run; the message says what to install."""

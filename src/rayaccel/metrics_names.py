@@ -4,7 +4,9 @@ Ray's Prometheus endpoint prefixes custom metrics with ``ray_``: a dashboard que
 :func:`exported` names (``ray_rayaccel_device_state`` ...), and a histogram as its
 ``_bucket`` / ``_sum`` / ``_count`` series (:func:`series`). Exported by the node agent
 (:mod:`rayaccel.ray.metrics`); used by ``dashboards/rayaccel-grafana.json``, whose test
-checks that every query names only these.
+checks that every query names only these. The tensor transport's counters
+(``rayaccel_transport_*``) are exported by the process that pulls the tensors
+(:mod:`rayaccel.ray.rdt.telemetry`), one series per node and path.
 """
 
 from __future__ import annotations
@@ -30,20 +32,31 @@ UNHOOKED_GPU_SLOTS = "rayaccel_unhooked_gpu_slots"
 #: counter, tags node, device, kind: device health events (kinds: :data:`rayaccel.discovery.health.KINDS`).
 HEALTH_EVENTS_TOTAL = "rayaccel_health_events_total"
 
+#: counter, tags node, path: bytes of tensors the ``rayaccel`` transport delivered, per path
+#: (cuda-ipc | shared-memory | nixl | object-store: :data:`rayaccel.transfer.TENSOR_PATHS`).
+TRANSPORT_BYTES_TOTAL = "rayaccel_transport_bytes_total"
+#: counter, tags node, path: seconds consumers spent receiving them, per path.
+TRANSPORT_SECONDS_TOTAL = "rayaccel_transport_seconds_total"
+#: counter, tags node, path: objects delivered, per path.
+TRANSPORT_OBJECTS_TOTAL = "rayaccel_transport_objects_total"
+
 ALL = (DEVICE_STATE, DEVICE_MEMORY_RESERVED_BYTES, DEVICE_HEALTH, DEVICE_DRAINED, DEVICE_HOLDER_INFO,
-       ARBITER_DECISION_SECONDS, ARBITER_DECISION_QUALITY, GRANTS_WAITING, UNHOOKED_GPU_SLOTS, HEALTH_EVENTS_TOTAL)
+       ARBITER_DECISION_SECONDS, ARBITER_DECISION_QUALITY, GRANTS_WAITING, UNHOOKED_GPU_SLOTS, HEALTH_EVENTS_TOTAL,
+       TRANSPORT_BYTES_TOTAL, TRANSPORT_SECONDS_TOTAL, TRANSPORT_OBJECTS_TOTAL)
 
 #: The metric type of each name.
 TYPES = {DEVICE_STATE: "gauge", DEVICE_MEMORY_RESERVED_BYTES: "gauge", DEVICE_HEALTH: "gauge", DEVICE_DRAINED: "gauge",
          DEVICE_HOLDER_INFO: "gauge", ARBITER_DECISION_SECONDS: "histogram", ARBITER_DECISION_QUALITY: "gauge",
-         GRANTS_WAITING: "gauge", UNHOOKED_GPU_SLOTS: "gauge", HEALTH_EVENTS_TOTAL: "counter"}
+         GRANTS_WAITING: "gauge", UNHOOKED_GPU_SLOTS: "gauge", HEALTH_EVENTS_TOTAL: "counter",
+         TRANSPORT_BYTES_TOTAL: "counter", TRANSPORT_SECONDS_TOTAL: "counter", TRANSPORT_OBJECTS_TOTAL: "counter"}
 
 #: The tag keys rayaccel sets on each (Ray adds its own, e.g. ``SessionName``, ``instance``).
 TAGS = {DEVICE_STATE: ("node", "device", "state"), DEVICE_MEMORY_RESERVED_BYTES: ("node", "device"),
         DEVICE_HEALTH: ("node", "device"), DEVICE_DRAINED: ("node", "device"),
         DEVICE_HOLDER_INFO: ("node", "device", "holder"), ARBITER_DECISION_SECONDS: ("node",),
         ARBITER_DECISION_QUALITY: ("node",), GRANTS_WAITING: ("node",), UNHOOKED_GPU_SLOTS: ("node",),
-        HEALTH_EVENTS_TOTAL: ("node", "device", "kind")}
+        HEALTH_EVENTS_TOTAL: ("node", "device", "kind"), TRANSPORT_BYTES_TOTAL: ("node", "path"),
+        TRANSPORT_SECONDS_TOTAL: ("node", "path"), TRANSPORT_OBJECTS_TOTAL: ("node", "path")}
 
 
 def exported(name: str) -> str:

@@ -30,6 +30,7 @@ from typing import Iterable
 
 from .errors import RequestError
 from .topology import DIRECT_KINDS, PCIE_BANDWIDTH_GBPS, NodeTopology
+from .topology import near_nics as topology_near_nics
 
 ROUTES = ("same-device", *DIRECT_KINDS, "pcie-p2p", "host-staged", "gpudirect-rdma", "tcp")
 
@@ -219,3 +220,144 @@ def locality_cost(dst: Endpoint, sources: Iterable[tuple[Endpoint, int]]) -> flo
         if not (src.node == dst.node and src.device == dst.device):
             total += p.seconds
     return total
+
+
+# ---------------------------------------------------------------- tensors between Ray actors
+#: The paths of the ``rayaccel`` tensor transport (:mod:`rayaccel.ray.rdt`), best first.
+TENSOR_PATHS = ("cuda-ipc", "shared-memory", "nixl", "object-store")
+#: PCIe path classes between two GPUs over which the transport maps a peer's memory (CUDA IPC).
+IPC_PCIE_CLASSES = ("PIX", "PXB")
+#: The one-line hint for a missing NIXL.
+NIXL_HINT = "pip install 'rayaccel[nixl]'"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorPath:
+    """How the ``rayaccel`` transport moves one object's tensors from a producer to a consumer.
+
+    Attributes:
+        path: one of :data:`TENSOR_PATHS`. reason: why, in one line.
+        bandwidth_gbps: modeled end-to-end bandwidth, GB/s (None for a zero-copy share).
+        seconds: modeled time for ``nbytes``. nbytes: bytes planned.
+        copies: how many times the bytes are copied on the way (0: the consumer maps the producer's memory).
+        route: the underlying :class:`TransferPlan` route (``nvlink``, ``host-staged``, ``gpudirect-rdma``, ...).
+        nics: ``(producer's NICs, consumer's NICs)`` NIXL traffic leaves and enters through (cross-node only).
+    """
+
+    path: str
+    reason: str
+    bandwidth_gbps: float | None
+    seconds: float
+    nbytes: int
+    copies: int
+    route: str
+    nics: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"path": self.path, "reason": self.reason, "bandwidth_gbps": self.bandwidth_gbps,
+                "seconds": self.seconds, "nbytes": self.nbytes, "copies": self.copies, "route": self.route,
+                "nics": [list(self.nics[0]), list(self.nics[1])]}
+
+
+def near_nics(topology: NodeTopology | None, devices: Iterable[int]) -> tuple[str, ...]:
+    """The names of the RDMA NICs nearest ``devices`` (:func:`rayaccel.topology.near_nics`: PIX,
+    else PXB, per device -- the NICs ``UCX_NET_DEVICES`` names at a grant), without the port.
+
+    Returns:
+        NIC names, sorted; ``()`` when the topology is unknown, ``devices`` is empty or no RDMA
+        NIC sits on their PCIe switches.
+    """
+    devs = tuple(devices)
+    if topology is None or not devs:
+        return ()
+    return tuple(sorted({n.split(":")[0] for n in topology_near_nics(topology, devs)}))
+
+
+def _path(path: str, reason: str, p: TransferPlan, copies: int, nics=((), ()), zero_copy: bool = False) -> TensorPath:
+    if zero_copy:
+        return TensorPath(path, reason, None, p.latency_s, p.nbytes, 0, p.route, nics)
+    return TensorPath(path, reason, p.bandwidth_gbps, p.seconds, p.nbytes, copies, p.route, nics)
+
+
+def tensor_path(src: Endpoint, dst: Endpoint, nbytes: int, *, src_nics: Iterable[str] | None = None,
+                dst_nics: Iterable[str] | None = None, nixl: bool = True, gpudirect: bool | None = None,
+                shared_memory: bool = True) -> TensorPath:
+    """The path the ``rayaccel`` tensor transport takes for ``nbytes`` of tensors, and why.
+
+    ``src`` is where the producer's tensors live (a device index, or None for host
+    memory), ``dst`` where the consumer wants them. Same node: CUDA IPC between GPUs
+    joined by NVLink/xGMI or a PCIe switch (PIX/PXB), or on one GPU (zero copy);
+    otherwise a POSIX shared-memory segment (host memory, or GPU memory staged through
+    host). Other node: NIXL (UCX) through the RDMA NICs nearest each end, reading GPU
+    memory directly (GPUDirect RDMA) when both devices sit next to one and ``gpudirect``
+    is true. Nothing else serves: Ray's object store.
+
+    Args:
+        src / dst: the two ends (node names compare equal on one node).
+        nbytes: bytes of all the object's tensors.
+        src_nics / dst_nics: the NICs each end's process uses; default :func:`near_nics` of its device.
+        nixl: whether NIXL can serve both ends (False: cross-node objects can only use the object store).
+        gpudirect: whether ``rayaccel doctor`` finds GPUDirect RDMA working on both nodes (None: unknown).
+        shared_memory: whether a shared-memory segment can serve this node (``/dev/shm`` writable).
+
+    Raises:
+        RequestError: as for :func:`plan`.
+    """
+    p = plan(src, dst, nbytes)  # validates
+    if src.node == dst.node:
+        return _same_node_tensor(src, dst, p, shared_memory)
+    sn = tuple(src_nics) if src_nics is not None else near_nics(src.topology, () if src.device is None else (src.device,))
+    dn = tuple(dst_nics) if dst_nics is not None else near_nics(dst.topology, () if dst.device is None else (dst.device,))
+    nics = (tuple(sn), tuple(dn))
+    if not nixl:
+        tcp = _make("tcp", MODEL["tcp_gbps"], MODEL["latency_tcp_s"], nbytes, "", ())
+        return _path("object-store", f"NIXL is not available at both ends ({NIXL_HINT}): only Ray's object store "
+                     "reaches the other node", tcp, 2)
+    if not sn or not dn:
+        where = " and ".join(w for w, n in ((src.label(), sn), (dst.label(), dn)) if not n)
+        tcp = _make("tcp", MODEL["tcp_gbps"], MODEL["latency_tcp_s"], nbytes, "", ())
+        return _path("nixl", f"NIXL over UCX: no RDMA NIC next to {where}, so UCX uses TCP (or whatever it finds)",
+                     tcp, 1, nics)
+    both_gpus = src.device is not None and dst.device is not None
+    if both_gpus and gpudirect:
+        rdma = _make("gpudirect-rdma", MODEL["rdma_nic_gbps"], MODEL["latency_rdma_s"], nbytes, "", ())
+        return _path("nixl", f"NIXL over UCX, GPUDirect RDMA: {','.join(sn)} on {src.node} reads/writes "
+                     f"gpu{src.device}, {','.join(dn)} on {dst.node} gpu{dst.device}", rdma, 1, nics)
+    rdma_gbps = MODEL["rdma_nic_gbps"]
+    why = ""
+    if src.device is not None or dst.device is not None:
+        # GPU memory without GPUDirect: UCX bounces it through host memory (cuda_copy) on that end
+        rdma_gbps = min(rdma_gbps, MODEL["host_leg_gbps"] / 2)
+        why = (": GPUDirect RDMA is " + ("not working (rayaccel doctor: gpudirect)" if gpudirect is False else
+                                         "not known to work" if both_gpus else "moot for host memory")
+               + ", so GPU memory is staged through host")
+    net = _make("rdma", rdma_gbps, MODEL["latency_rdma_s"], nbytes, "", ())
+    return _path("nixl", f"NIXL over UCX through RDMA NICs {','.join(sn)} on {src.node} and {','.join(dn)} on "
+                 f"{dst.node}{why}", net, 1, nics)
+
+
+def _same_node_tensor(src: Endpoint, dst: Endpoint, p: TransferPlan, shared_memory: bool) -> TensorPath:
+    a, b, topo = src.device, dst.device, src.topology or dst.topology
+    if a is not None and a == b:
+        return _path("cuda-ipc", f"both ends on device {a}: the consumer maps the producer's memory (CUDA IPC), "
+                     "no copy", p, 0, zero_copy=True)
+    if a is not None and b is not None:
+        link = topo.link(a, b) if topo is not None else None
+        if link is not None and (link.direct or link.pcie in IPC_PCIE_CLASSES):
+            how = link.label if link.direct else f"PCIe {link.pcie}"
+            return _path("cuda-ipc", f"devices {a} and {b} are peers ({how}): the consumer maps the producer's "
+                         "memory (CUDA IPC) and copies it once", p, 1)
+    if not shared_memory:
+        store = _make("host-staged", MODEL["host_memcpy_gbps"] / 2, MODEL["latency_tcp_s"], p.nbytes, "", ())
+        return _path("object-store", "no shared memory on this node (/dev/shm missing or not writable): "
+                     "through Ray's object store", store, 2)
+    if a is None and b is None:
+        return _path("shared-memory", "host memory on one node: the producer copies it once into a shared-memory "
+                     "segment the consumer maps (no second copy)", p, 1)
+    if a is not None and b is not None:
+        return _path("shared-memory", f"{p.reason.split(': ', 1)[-1]} (a shared-memory segment: one copy out of "
+                     f"device {a}, one into device {b})", p, 2)
+    dev = a if a is not None else b
+    return _path("shared-memory", f"one end is host memory: one PCIe copy between device {dev} and a shared-memory "
+                 "segment", p, 1)

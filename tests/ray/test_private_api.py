@@ -79,3 +79,64 @@ def test_state_and_kv_functions_exist():
     from ray._raylet import InnerGcsClient, PlacementGroupID
 
     assert hasattr(InnerGcsClient, "internal_kv_multi_get") and PlacementGroupID
+
+
+# ------------------------------------------------------------------- Ray Direct Transport
+def test_every_rdt_entry_point_calls_the_wrapped_registration_first():
+    """rayaccel.ray.rdt registers its transport inside ``_ensure_default_transports_registered``."""
+    from ray.experimental.rdt import util
+
+    assert callable(util._ensure_default_transports_registered) and isinstance(util.transport_manager_info, dict)
+    assert list(inspect.signature(util.register_tensor_transport).parameters) == [
+        "transport_name", "devices", "transport_manager_class", "data_type"]
+    for fn in (util.get_transport_data_type, util.get_tensor_transport_manager, util.device_match_transport,
+               util.normalize_and_validate_tensor_transport, util.is_one_sided_transport,
+               util.register_custom_tensor_transports_on_actor):
+        assert "_ensure_default_transports_registered()" in inspect.getsource(fn), fn.__name__
+    # the registration Ray sends to new actors looks the function up at call time (so it meets the wrap)
+    src = inspect.getsource(util.register_custom_tensor_transports_on_actor)
+    assert "from ray.experimental.rdt.util import" in src and "_ensure_default_transports_registered" in src
+    assert "has_custom_transports" in src
+
+
+def test_rdt_gives_tensor_transport_actors_the_short_call_group():
+    src = inspect.getsource(ray.actor)
+    assert f'_filled_options["concurrency_groups"]["{rp.RDT_SERVE_GROUP}"] = 1' in src
+
+
+def test_the_transport_interface_rayaccel_implements():
+    from ray.experimental.rdt.tensor_transport_manager import TensorTransportManager
+
+    from rayaccel.ray.rdt.transport import RayaccelTransport
+
+    assert TensorTransportManager.__abstractmethods__ == {
+        "tensor_transport_backend", "is_one_sided", "can_abort_transport", "actor_has_tensor_transport",
+        "extract_tensor_transport_metadata", "get_communicator_metadata", "recv_multiple_tensors",
+        "send_multiple_tensors", "garbage_collect", "abort_transport"}
+    assert not RayaccelTransport.__abstractmethods__
+    for name in ("fetch_multiple_tensors", "wait_fetch_complete"):
+        assert list(inspect.signature(getattr(TensorTransportManager, name)).parameters) == list(
+            inspect.signature(getattr(RayaccelTransport, name)).parameters)
+
+
+def test_rays_nixl_manager_has_what_the_transport_calls():
+    from ray.experimental.rdt.nixl_tensor_transport import NixlCommunicatorMetadata, NixlTensorTransport
+
+    assert NixlCommunicatorMetadata() is not None
+    for name, params in (("extract_tensor_transport_metadata", ["self", "obj_id", "rdt_object"]),
+                         ("fetch_multiple_tensors", ["self", "obj_id", "tensor_transport_metadata",
+                                                     "communicator_metadata", "target_buffers"]),
+                         ("wait_fetch_complete", ["self", "fetch_request", "timeout"]),
+                         ("garbage_collect", ["self", "obj_id", "tensor_transport_meta", "tensors"]),
+                         ("abort_transport", ["self", "obj_id", "communicator_metadata"])):
+        assert list(inspect.signature(getattr(NixlTensorTransport, name)).parameters) == params, name
+    # a timed-out wait leaves the request alive (the transport polls it in slices)
+    assert "except TimeoutError:\n            raise" in inspect.getsource(NixlTensorTransport.wait_fetch_complete)
+
+
+def test_torchs_cuda_ipc_rebuild_takes_the_device_seventh():
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    from rayaccel.ray.rdt.gpu import _DEVICE_ARG
+
+    assert list(inspect.signature(rebuild_cuda_tensor).parameters)[_DEVICE_ARG] == "storage_device"

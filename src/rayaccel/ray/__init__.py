@@ -8,9 +8,12 @@
 * :mod:`.hook` / :mod:`.arbiter` -- in every worker: which devices stand behind Ray's grant
 * :mod:`.claim` -- a request as Ray options; :mod:`.view` -- the cluster as drivers see it;
   :mod:`.agent` -- one per node: snapshots, health, drains; :mod:`.status` -- ``rayaccel status``
+* :mod:`.rdt` -- the ``rayaccel`` tensor transport for Ray Direct Transport
 * :mod:`._ray_private` -- every use of Ray's private API
 
-Importing this package does not import ``ray``.
+Importing this package does not import ``ray``; it makes ``tensor_transport="rayaccel"``
+known to Ray in this process (:func:`.rdt.install`: microseconds, and nothing is
+registered until the process first uses Ray Direct Transport).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY)
+
+from . import rdt as _rdt  # noqa: E402 - stdlib only; after the names above
+
+_rdt.install()
 
 
 def __getattr__(name: str) -> Any:

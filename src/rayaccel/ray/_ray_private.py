@@ -25,6 +25,16 @@ internals, each named here once, so that a Ray upgrade that moves one fails
   gives each MIG-profile resource per-instance slot ids.
 * ``ray._private.state`` (per-node available/total resources, placement group
   table) and ``ray.experimental.internal_kv`` (the GCS key-value store).
+* Ray Direct Transport (``ray.experimental.rdt.util``), for the ``rayaccel`` tensor
+  transport (:mod:`rayaccel.ray.rdt`): ``_ensure_default_transports_registered``, which
+  every RDT code path calls first, is wrapped to register the transport on first use
+  (so importing it costs nothing); ``transport_manager_info`` (what is registered);
+  ``get_tensor_transport_manager("NIXL")`` and ``NixlCommunicatorMetadata`` (the
+  transport reads across nodes through Ray's own NIXL manager); an actor's
+  ``__ray_call__`` in the ``_ray_system_error`` concurrency group, which RDT adds to
+  every actor with ``enable_tensor_transport=True`` (a producer serves the transport's
+  requests there: that group only ever runs short calls, so a request never waits
+  behind a transfer and two actors fetching from each other cannot deadlock).
 """
 
 from __future__ import annotations
@@ -263,3 +273,58 @@ def kv_multi_get(keys: list[str], namespace: str) -> dict[str, bytes]:
     client = internal_kv.internal_kv_get_gcs_client()
     got = client.internal_kv_multi_get([k.encode() for k in keys], namespace.encode())
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in got.items()}
+
+
+# ------------------------------------------------------------------- Ray Direct Transport
+#: Ray's RDT helpers module (imported by ``import ray`` itself).
+RDT_UTIL = "ray.experimental.rdt.util"
+#: The concurrency group RDT adds to tensor-transport actors for its abort calls (one thread).
+RDT_SERVE_GROUP = "_ray_system_error"
+
+
+def wrap_rdt_registration(util: Any, after: Callable[[], None]) -> bool:
+    """Make ``after()`` run after Ray's ``_ensure_default_transports_registered`` in this process.
+
+    Every RDT path (``ray.method(tensor_transport=...)``, ``ray.put(_tensor_transport=...)``,
+    serialization, fetches, the registration Ray sends to new actors) calls it first.
+    Idempotent; costs one attribute swap.
+
+    Returns:
+        True when wrapped now, False when it already was.
+    """
+    original = util._ensure_default_transports_registered
+    if getattr(original, "__rayaccel_wrapped__", False):
+        return False
+
+    @functools.wraps(original)
+    def ensure() -> None:
+        original()
+        after()
+
+    ensure.__rayaccel_wrapped__ = True  # type: ignore[attr-defined]
+    util._ensure_default_transports_registered = ensure
+    return True
+
+
+def rdt_registered(util: Any) -> dict:
+    """The transports registered in this process (upper-case name -> Ray's info)."""
+    return util.transport_manager_info
+
+
+def nixl_manager() -> Any:
+    """This process's NIXL ``TensorTransportManager`` (Ray's singleton; its agent starts on first use)."""
+    from ray.experimental.rdt.util import get_tensor_transport_manager
+
+    return get_tensor_transport_manager("NIXL")
+
+
+def nixl_communicator() -> Any:
+    """The (empty) communicator metadata Ray's NIXL manager expects."""
+    from ray.experimental.rdt.nixl_tensor_transport import NixlCommunicatorMetadata
+
+    return NixlCommunicatorMetadata()
+
+
+def call_on_actor(actor: Any, fn: Callable, *args: Any) -> Any:
+    """Run ``fn(actor_instance, *args)`` in ``actor`` in RDT's short-call group; an ObjectRef."""
+    return actor.__ray_call__.options(concurrency_group=RDT_SERVE_GROUP).remote(fn, *args)
