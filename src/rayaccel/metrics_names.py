@@ -11,7 +11,7 @@ checks that every query names only these. The tensor transport's counters
 
 from __future__ import annotations
 
-#: gauge, tags node, device, state: 1 for the device's current state (free | busy | shared | mig | drained), 0 for the others.
+#: gauge, tags node, device, state: 1 for the device's current state (free | busy | shared | mig | drained | failed), 0 for the others.
 DEVICE_STATE = "rayaccel_device_state"
 #: gauge, tags node, device: device memory reserved by its holders, bytes.
 DEVICE_MEMORY_RESERVED_BYTES = "rayaccel_device_memory_reserved_bytes"
@@ -32,8 +32,7 @@ UNHOOKED_GPU_SLOTS = "rayaccel_unhooked_gpu_slots"
 #: counter, tags node, device, kind: device health events (kinds: :data:`rayaccel.discovery.health.KINDS`).
 HEALTH_EVENTS_TOTAL = "rayaccel_health_events_total"
 
-#: counter, tags node, path: bytes of tensors the ``rayaccel`` transport delivered, per path
-#: (cuda-ipc | shared-memory | nixl | object-store: :data:`rayaccel.transfer.TENSOR_PATHS`).
+#: counter, tags node, path: tensor bytes the ``rayaccel`` transport delivered, per path (:data:`rayaccel.transfer.TENSOR_PATHS`).
 TRANSPORT_BYTES_TOTAL = "rayaccel_transport_bytes_total"
 #: counter, tags node, path: seconds consumers spent receiving them, per path.
 TRANSPORT_SECONDS_TOTAL = "rayaccel_transport_seconds_total"
