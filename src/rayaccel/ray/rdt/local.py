@@ -33,7 +33,7 @@ def node_id() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _record() -> Any:
-    from ..names import NodeRecord
+    from ..record import NodeRecord  # the topology model loads at a process's first transfer only
 
     d = os.environ.get("RAYACCEL_NODE_DIR")
     if not d:
