@@ -21,9 +21,10 @@ and, when reservations stand in the way, ``blocked_by``: the groups to ask Ray a
 The arbiter (:mod:`.statefile`) calls these under its lock; tests call them directly.
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: string annotations make each NamedTuple compile its fields
+# (~0.1 ms apiece), and every Ray worker of a rayaccel node imports this module
 
-from typing import Any, Callable, Mapping, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
 from .state import EPS, GPU, ArbiterState, Drain, Holder, Reservation
 from .table import NodeTable
@@ -85,14 +86,15 @@ class Grant(NamedTuple):
         return tuple(u for r, us in self.units.items() if r.startswith("mig_") for u in us)
 
 
-class Chooser(Protocol):
-    """Picks units for a grant (the table's precomputed plans, or the placer)."""
+if TYPE_CHECKING:  # the interface, for type checkers: a typing.Protocol costs ~1 ms to create, on every worker's path
+    class Chooser(Protocol):
+        """Picks units for a grant (:class:`~.choose.TableChooser`: the table's plans, else the placer)."""
 
-    def choose(self, resource: str, avail: frozenset, k: int, request: Any) -> tuple[tuple | None, str]:
-        """``k`` units of ``resource`` among ``avail`` in ring order, or ``(None, why)``."""
+        def choose(self, resource: str, avail: frozenset, k: int, request: Any) -> tuple[tuple | None, str]:
+            """``k`` units of ``resource`` among ``avail`` in ring order, or ``(None, why)``."""
 
-    def gang(self, resource: str, avail: frozenset, sizes: Mapping[int, int]) -> Mapping[int, tuple] | None:
-        """The best set for a placement group's bundles (``{bundle: size}``) among ``avail``, by bundle."""
+        def gang(self, resource: str, avail: frozenset, sizes: Mapping[int, int]) -> Mapping[int, tuple] | None:
+            """The best set for a placement group's bundles (``{bundle: size}``) among ``avail``, by bundle."""
 
 
 def needs_reservation(st: ArbiterState, pg: str) -> bool:
@@ -100,7 +102,7 @@ def needs_reservation(st: ArbiterState, pg: str) -> bool:
     return pg not in st.pgs
 
 
-def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: Chooser,
+def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: "Chooser",
            alive: Callable[[int], bool], now: float) -> tuple[ArbiterState, Grant]:
     """Decide which units stand behind ``req``'s slots (module docstring); return the new state and the grant."""
     holders = dict(st.holders)
@@ -224,7 +226,7 @@ def _reserved(holders: Mapping[int, Holder], pgs: Mapping[str, Reservation], req
 
 
 def _units(r: str, slots: tuple, pools: dict, holders: dict, pgs: dict, drained: Mapping[int, Drain],
-           pinned: set[int], req: GrantRequest, table: NodeTable, chooser: Chooser,
+           pinned: set[int], req: GrantRequest, table: NodeTable, chooser: "Chooser",
            now: float) -> tuple[tuple, str | None, frozenset[str]]:
     pool = pools[r]
     dev = table.resources[r].device_of
@@ -246,7 +248,7 @@ def _units(r: str, slots: tuple, pools: dict, holders: dict, pgs: dict, drained:
     return tuple(want), None, frozenset()
 
 
-def _pick(r: str, avail: frozenset, k: int, shared: bool, pgs: dict, req: GrantRequest, chooser: Chooser,
+def _pick(r: str, avail: frozenset, k: int, shared: bool, pgs: dict, req: GrantRequest, chooser: "Chooser",
           now: float) -> tuple[tuple | None, str]:
     if len(avail) < k:
         return None, f"{k} unit(s) of {r} granted by Ray but only {len(avail)} free here that are neither drained " \
@@ -263,7 +265,7 @@ def _pick(r: str, avail: frozenset, k: int, shared: bool, pgs: dict, req: GrantR
     return chooser.choose(r, avail, k, None if shared else req.request)
 
 
-def _reserve(r: str, avail: frozenset, req: GrantRequest, pgs: dict, chooser: Chooser, now: float) -> Reservation | None:
+def _reserve(r: str, avail: frozenset, req: GrantRequest, pgs: dict, chooser: "Chooser", now: float) -> Reservation | None:
     """Reserve the best set for all of the group's whole units on this node, by bundle index."""
     sizes = {int(b): int(round(g)) for b, g in (req.pg_bundles or {}).items()
              if g >= 1 - EPS and abs(g - round(g)) < EPS}

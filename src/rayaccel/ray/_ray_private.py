@@ -40,7 +40,6 @@ internals, each named here once, so that a Ray upgrade that moves one fails
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any, Callable
 
 #: Ray's resource name for GPUs (NVIDIA, AMD, Intel all use it).
@@ -51,9 +50,11 @@ PRELOAD_ENV = "RAY_preload_python_modules"
 UNIT_INSTANCE_ENV = "RAY_custom_unit_instance_resources"
 #: Ray 2.60's default for ``custom_unit_instance_resources`` (src/ray/common/ray_config_def.h).
 UNIT_INSTANCE_DEFAULT = ("neuron_cores", "TPU", "NPU", "HPU", "RBLN", "FURIOSA", "TTNPU", "MBLT")
-#: ``<resource>_group_<i>_<pg>`` (a bundle's units) and ``<resource>_group_<pg>`` (the group's wildcard).
-_PG_INDEXED = re.compile(r"^(.+)_group_(\d+)_([0-9a-f]+)$")
-_PG_WILDCARD = re.compile(r"^(.+)_group_([0-9a-f]+)$")
+#: Placement-group resources are ``<resource>_group_<i>_<pg>`` (a bundle's units) and
+#: ``<resource>_group_<pg>`` (the group's wildcard); parsed without regular expressions (this
+#: module is on every worker's start-up path).
+_GROUP = "_group_"
+_HEX = frozenset("0123456789abcdef")
 
 _PATCHED = False
 
@@ -129,19 +130,18 @@ def split_grant(ids: dict[str, list[tuple[int, float]]], managed: Any) -> tuple[
             for s, f in assigned:
                 d[int(s)] = float(f)
             continue
-        if "_group_" not in name:
+        res, sep, tail = name.rpartition(_GROUP)
+        if not sep or res not in managed or not tail:
             continue
-        m = _PG_INDEXED.match(name)
-        if m and m.group(1) in managed:
-            bundle, pg = int(m.group(2)), m.group(3)
-            d = out.setdefault(m.group(1), {})
+        index, _, group = tail.partition("_")
+        if group and index.isdigit() and _HEX.issuperset(group):  # a bundle's: <res>_group_<i>_<pg>
+            bundle, pg = int(index), group
+            d = out.setdefault(res, {})
             for s, f in assigned:
                 d[int(s)] = float(f)
-            continue
-        m = _PG_WILDCARD.match(name)
-        if m and m.group(1) in managed:
-            pg = m.group(2)
-            d = out.setdefault(m.group(1), {})
+        elif not group and _HEX.issuperset(tail):  # the group's wildcard: <res>_group_<pg>
+            pg = tail
+            d = out.setdefault(res, {})
             for s, f in assigned:
                 d.setdefault(int(s), float(f))
     return {r: tuple(sorted(d.items())) for r, d in out.items()}, pg, bundle
