@@ -105,22 +105,38 @@ def needs_reservation(st: ArbiterState, pg: str) -> bool:
 def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: "Chooser",
            alive: Callable[[int], bool], now: float) -> tuple[ArbiterState, Grant]:
     """Decide which units stand behind ``req``'s slots (module docstring); return the new state and the grant."""
-    holders = dict(st.holders)
-    before = holders.pop(req.pid, None)
-    for p in [p for p in holders if not alive(p)]:
-        del holders[p]
-    pgs = {g: r for g, r in st.pgs.items() if g not in req.gone}
-    if not any(req.slots.values()):
+    pgs = {g: r for g, r in st.pgs.items() if g not in req.gone} if req.gone else dict(st.pgs)
+    holders: dict[int, Holder] = {}
+    before = None
+    if not any(req.slots.values()):  # a release: this worker's record goes, and dead holders'
+        for p, h in st.holders.items():
+            if p == req.pid:
+                before = h
+            elif alive(p):
+                holders[p] = h
         return st._replace(holders=holders, pgs=pgs), Grant()
     pools = {r: list(u) for r, u in st.pools.items()}
     # Ray granted these slots whole: any other record of them is stale (its task ended).
-    whole = {r: {s for s, f in slots if f >= 1 - EPS} for r, slots in req.slots.items()}
-    for p, h in list(holders.items()):
-        for r, had in h.slots.items():
-            w = whole.get(r)
-            if w and had and not w.isdisjoint([s for s, _ in had]):
-                holders[p] = h = h._replace(slots={**h.slots, r: tuple((s, f) for s, f in had if s not in w)})
-    pinned = _pinned(holders, pools, table, {*req.slots, *table.unit_resources()})
+    whole = {r: w for r, slots in req.slots.items() if (w := {s for s, f in slots if f >= 1 - EPS})}
+    pinned: dict[str, set[int]] = {r: set() for r in (*req.slots, *table.unit_resources()) if r in pools}
+    for p, h in st.holders.items():  # one pass: this worker's record, dead holders, stale slots, pinned slots
+        if p == req.pid:
+            before = h
+            continue
+        if not alive(p):
+            continue
+        if whole:
+            for r, had in h.slots.items():
+                w = whole.get(r)
+                if w is not None and any(s in w for s, _ in had):
+                    h = h._replace(slots={**h.slots, r: tuple((s, f) for s, f in had if s not in w)})
+        holders[p] = h
+        if h.waiting or (h.drain is not None and not h.pins(pools, table.device_of)):
+            continue  # a waiting grant, or a drain placeholder not on its device yet, pins nothing
+        for r, slots in h.slots.items():
+            mine = pinned.get(r)
+            if mine is not None:
+                mine.update([s for s, _ in slots])
     since = before.since if before is not None and before.key == req.key else now
     info = req.info
     if req.drain is not None and any(req.slots.values()):
@@ -160,21 +176,6 @@ def _state(st: ArbiterState, pools: dict, holders: dict, pgs: dict) -> ArbiterSt
                         st.reset_reason)
 
 
-def _pinned(holders: Mapping[int, Holder], pools: Mapping[str, list], table: NodeTable,
-            resources: set[str]) -> dict[str, set[int]]:
-    """Resource -> the slots whose units live holders use (so they must not move), for ``resources``."""
-    out: dict[str, set[int]] = {r: set() for r in resources if r in pools}
-    for h in holders.values():
-        if h.waiting or (h.drain is not None and not h.pins(pools, table.device_of)):
-            continue
-        for r, slots in h.slots.items():
-            mine = out.get(r)
-            if mine is not None:
-                for s, _ in slots:
-                    mine.add(s)
-    return out
-
-
 def _settle_drains(pools: dict, holders: Mapping[int, Holder], pinned: dict[str, set[int]], table: NodeTable) -> None:
     """Move each drain placeholder's slots onto its target device's units once nobody uses them.
 
@@ -209,6 +210,8 @@ def _settle_drains(pools: dict, holders: Mapping[int, Holder], pinned: dict[str,
 def _reserved(holders: Mapping[int, Holder], pgs: Mapping[str, Reservation], req: GrantRequest,
               resource: str) -> dict[Any, str]:
     """unit -> group, for units reserved to members of other groups (or other bundles) not here yet."""
+    if not pgs:
+        return {}
     present: dict[str, set] = {}
     for h in holders.values():
         if h.pg is not None and not h.waiting:

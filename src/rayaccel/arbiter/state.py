@@ -157,9 +157,8 @@ def encode_state(st: ArbiterState) -> bytes:
     payload = marshal.dumps((
         SCHEMA,
         {r: tuple(u) for r, u in st.pools.items()},
-        {p: (h.key, {r: tuple(v) for r, v in h.slots.items()}, h.since, h.name, h.kind, h.job, h.pg, h.bundle,
-             h.waiting, h.drain) for p, h in st.holders.items()},
-        {g: (v.resource, dict(v.bundles), v.since) for g, v in st.pgs.items()},
+        {p: tuple(h) for p, h in st.holders.items()},  # fields of builtin types: marshal takes them as they are
+        {g: tuple(v) for g, v in st.pgs.items()},
         {d: tuple(v) for d, v in st.drained.items()},
         st.resets, st.reset_reason))
     return MAGIC + zlib.crc32(payload).to_bytes(4, "big") + payload
