@@ -99,7 +99,7 @@ def test_import_rayaccel_imports_nothing_else():
     code = ("import sys; before = set(sys.modules); import rayaccel\n"
             "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in sys.stdlib_module_names))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "['rayaccel', 'rayaccel.ray', 'rayaccel.ray.rdt']"
+    assert out == "['rayaccel', 'rayaccel._version', 'rayaccel.ray', 'rayaccel.ray.rdt', 'rayaccel.ray.rdt.name']"
 
 
 def test_from_rayaccel_import_a_type_works_in_a_fresh_interpreter():

@@ -232,7 +232,7 @@ def test_ucx_net_devices_only_for_nics_this_machine_has(monkeypatch, tmp_path):
     monkeypatch.setattr(local, "_UCX_DONE", False)
     monkeypatch.setenv("RAYACCEL_DEVICES", "[0]")
     monkeypatch.setenv("UCX_NET_DEVICES", "")  # empty is unset; and monkeypatch now restores what was there
-    monkeypatch.setattr(local, "IB_DIR", tmp_path)  # a simulated node: no such NICs here
+    monkeypatch.setenv("RAYACCEL_IB_DIR", str(tmp_path))  # a simulated node: no such NICs here
     assert local.near_nics() == ("mlx5_0", "mlx5_1")
     assert local.prepare_ucx() == () and not os.environ["UCX_NET_DEVICES"]
     monkeypatch.setattr(local, "_UCX_DONE", False)

@@ -21,7 +21,7 @@ node pays it -- and never fails because a vendor library or driver is absent.
 ``from rayaccel import Device`` works as usual.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _ERRORS = ("RayaccelError", "TopologyError", "CaptureError", "CatalogError", "BackendError", "BackendUnavailable",
            "PluginError", "RequestError", "OutputPathError", "ClusterError", "Unsatisfiable", "StoreError",

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-import rayaccel
+from .._version import __version__ as _rayaccel_version
 
 from . import agent
 from .view import view
@@ -76,7 +76,7 @@ def run(timeout_s: float = 15.0) -> list[Row]:
             else:
                 rows.append(Row(k, "agent", "fail", f"the node agent did not answer within {timeout_s:.0f} s",
                                 "check the node (ray status); restart it with `rayaccel start`"))
-    rows += version_rows(facts, ray_driver=ray.__version__, rayaccel_driver=rayaccel.__version__)
+    rows += version_rows(facts, ray_driver=ray.__version__, rayaccel_driver=_rayaccel_version)
     for nid in v.unmanaged:
         rows.append(Row(nid[:12], "rayaccel node", "fail", "this node runs without rayaccel (plain `ray start`): "
                         "its GPUs are handed out by Ray's lowest-index rule and it has no health watcher",

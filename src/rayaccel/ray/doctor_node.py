@@ -16,8 +16,7 @@ import platform
 import sys
 from typing import Any
 
-import rayaccel
-
+from .._version import __version__ as _rayaccel_version
 from ..doctor import local_checks
 from ..doctor._fabric import domain_summary
 from . import _ray_private as rp
@@ -28,7 +27,7 @@ def node_facts(agent: Any) -> dict:
     import ray  # the agent runs inside Ray; importing it here keeps `import rayaccel.ray.doctor_node` cheap
 
     topology = agent.record.topology
-    facts: dict[str, Any] = {"node_key": agent.node_key, "ray": ray.__version__, "rayaccel": rayaccel.__version__,
+    facts: dict[str, Any] = {"node_key": agent.node_key, "ray": ray.__version__, "rayaccel": _rayaccel_version,
                              "python": platform.python_version(), "hook": "rayaccel.ray.hook" in sys.modules,
                              "patched": rp._PATCHED, "simulated": agent.record.simulated,
                              "unhooked_slots": agent.last.unhooked_slots if agent.last is not None else 0.0,

@@ -65,6 +65,19 @@ PG_ALIVE_TTL_S = 1.0
 REMOTE_MODULE = "rayaccel.ray.tasks."
 #: The NIC variable UCX (and so NIXL, RDT's NIXL transport) reads.
 UCX_NET_DEVICES = "UCX_NET_DEVICES"
+#: Where the kernel lists this host's RDMA devices; ``RAYACCEL_IB_DIR`` names another place
+#: (a container that mounts sysfs elsewhere). UCX is told only of NICs listed there: a NIC of a
+#: simulated topology is not the host's, and UCX given one fails (NIXL: ``NIXL_ERR_BACKEND``).
+IB_DIR = "/sys/class/infiniband"
+IB_DIR_ENV = "RAYACCEL_IB_DIR"
+
+
+def host_rdma_devices() -> frozenset[str]:
+    """The RDMA devices this host has (``mlx5_0``, ...), from sysfs; empty when it lists none."""
+    try:
+        return frozenset(os.listdir(os.environ.get(IB_DIR_ENV) or IB_DIR))
+    except OSError:
+        return frozenset()
 
 
 class Current(NamedTuple):
@@ -111,6 +124,7 @@ class _NodeSide:
         self.env_var = self.table.visible_env
         self.default_visible = os.environ.get(self.env_var)
         self.user_ucx = os.environ.get(UCX_NET_DEVICES)
+        self.host_nics = host_rdma_devices() if any(self.table.nics.values()) else frozenset()
         self._record: Any = None
 
     @property
@@ -366,7 +380,8 @@ def _after_set_visible(saved: dict) -> dict:
     for i in devs:
         cpus.update(ns.table.cpus.get(i, ()))
     _apply_affinity(cpus or None)
-    nics = list(dict.fromkeys(n for i in devs for n in ns.table.nics.get(i, ())))
+    nics = [n for n in dict.fromkeys(n for i in devs for n in ns.table.nics.get(i, ()))
+            if n.partition(":")[0] in ns.host_nics]
     if ns.user_ucx is not None:
         os.environ[UCX_NET_DEVICES] = ns.user_ucx  # a value the user set is kept
     elif nics:

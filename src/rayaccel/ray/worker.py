@@ -39,8 +39,9 @@ class Assignment:
         cpus_intended: NUMA-local CPUs of the devices (from the topology), or None.
         cpus_applied: the affinity actually set, or None when nothing was pinned.
         simulated: True on simulated hardware. shared: the GPU slot is a fraction (a memory share).
-        nics: the RDMA NICs nearest the devices (UCX ``device:port``; what ``UCX_NET_DEVICES`` names
-            unless the user set it), empty when none sits at PIX/PXB from them.
+        nics: the RDMA NICs nearest the devices (UCX ``device:port``), empty when none sits at
+            PIX/PXB from them. ``UCX_NET_DEVICES`` names those of them this host has (sysfs), unless
+            the user set it: a simulated node's NICs are named here but never given to UCX.
     """
 
     node_id: str

@@ -34,8 +34,8 @@ import sys
 import threading
 from typing import Any
 
-#: The name Ray code passes: ``@ray.method(tensor_transport="rayaccel")`` (Ray upper-cases it).
-NAME = "rayaccel"
+from .name import NAME
+
 _UTIL = "ray.experimental.rdt.util"
 
 _lock = threading.Lock()

@@ -10,18 +10,14 @@ import functools
 import json
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from ...topology import NodeTopology
 from ...transfer import NIXL_HINT
 from ...transfer import near_nics as near_nics_of
+from ..hook import host_rdma_devices
 
 log = logging.getLogger("rayaccel.ray.rdt")
-
-#: Where the kernel lists RDMA devices (a NIC named in the topology is applied only if it is here).
-IB_DIR = Path("/sys/class/infiniband")
-
 
 @functools.lru_cache(maxsize=1)
 def node_id() -> str:
@@ -155,7 +151,7 @@ def prepare_ucx() -> tuple[str, ...]:
     """Before this process's NIXL agent starts: point UCX at the NICs nearest its devices.
 
     Sets ``UCX_NET_DEVICES`` (``mlx5_0:1,...``) unless it is set already (by the user or the
-    worker hook) and only to NICs this machine really has (``/sys/class/infiniband``): on a
+    worker hook) and only to NICs this machine really has (:func:`~rayaccel.ray.hook.host_rdma_devices`): on a
     simulated node nothing is applied. Idempotent; UCX reads it once, when the agent starts.
 
     Returns:
@@ -166,7 +162,8 @@ def prepare_ucx() -> tuple[str, ...]:
     if have:
         return tuple(p.split(":")[0] for p in have.split(",") if p and p != "all")
     nics = near_nics()
-    real = tuple(n for n in nics if (IB_DIR / n).exists())
+    have_here = host_rdma_devices()
+    real = tuple(n for n in nics if n in have_here)
     if not _UCX_DONE and real:
         os.environ["UCX_NET_DEVICES"] = ",".join(f"{n}:1" for n in real)
         log.info("rayaccel transport: UCX_NET_DEVICES=%s (the RDMA NICs next to devices %s)",

@@ -41,8 +41,9 @@ from ..._proc import start_time
 from ...errors import TransportError, TransportUnavailable
 from ...transfer import TensorPath
 from .. import _ray_private as rp
-from . import NAME, choose, local, shm, telemetry
+from . import choose, local, shm, telemetry
 from .gpu import from_ipc, ipc_handles, synchronize, to_device
+from .name import NAME
 
 log = logging.getLogger("rayaccel.ray.rdt")
 
