@@ -115,17 +115,19 @@ def test_with_one_tray_busy_a_gang_takes_both_trays_of_the_other_domain(idle_tra
 
     domain_of = _domain_of(idle_trays)
     domains = _domains()
-    for busy, node in enumerate(idle_trays.nodes):
+    for busy, node in enumerate(idle_trays.nodes):  # the last hog and gang ended just before: fresh counts
         hog = _hog(node.node_id)
-        assert ray.get(hog.ping.remote(), timeout=60) == node.node_id
-        with rayaccel.gang(workers=2, gpus_per_worker=4) as g:
-            other = domains[1] if domains[busy] == domains[0] else domains[0]
-            assert [domain_of[n.node_id] for n in g.nodes] == [other, other]
-            assert len({n.node_id for n in g.nodes}) == 2
-            assert g.allocation.scope == "domain" and g.allocation.domain == other
-            assert f"decided by: NVLink domain {other}" in g.allocation.explain()
-            assert g.devices() == [(0, 1, 2, 3), (0, 1, 2, 3)]
-        ray.kill(hog)
+        try:
+            assert ray.get(hog.ping.remote(), timeout=60) == node.node_id
+            with rayaccel.gang(workers=2, gpus_per_worker=4) as g:
+                other = domains[1] if domains[busy] == domains[0] else domains[0]
+                assert [domain_of[n.node_id] for n in g.nodes] == [other, other]
+                assert len({n.node_id for n in g.nodes}) == 2
+                assert g.allocation.scope == "domain" and g.allocation.domain == other
+                assert f"decided by: NVLink domain {other}" in g.allocation.explain()
+                assert g.devices() == [(0, 1, 2, 3), (0, 1, 2, 3)]
+        finally:
+            ray.kill(hog)
         wait_idle(idle_trays)
 
 

@@ -89,6 +89,10 @@ class NodeState:
         """A copy with ``devices`` also held whole."""
         return NodeState(self.topology, self.busy | frozenset(devices), self.busy_partitions, self.memory_used, self.node_id)
 
+    def with_free(self, devices: Iterable[int]) -> "NodeState":
+        """A copy with ``devices`` no longer held whole."""
+        return NodeState(self.topology, self.busy - frozenset(devices), self.busy_partitions, self.memory_used, self.node_id)
+
 
 _IDS: dict[tuple, int] = {}
 _NEXT_ID = [1]

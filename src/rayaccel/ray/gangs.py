@@ -21,7 +21,8 @@ listens on that node IP only.
 **A stale view never fails a gang.** The placer's view of free devices comes from the
 agents' snapshots (about once a second old), and work submitted just before the gang
 (an actor Ray has not granted yet) is in no count at all. So the plan is made on the
-snapshot capped by Ray's fresh ``GPU`` counts (:func:`live_state`), and while the group
+snapshot reconciled with Ray's fresh ``GPU`` counts (:func:`live_state`: fewer free when Ray
+counts fewer, more when work the snapshot still shows has ended), and while the group
 is pending the gang checks Ray's fresh counts: when a chosen node no longer has room for
 its bundles, it re-plans and re-creates the group on nodes that do (:data:`REPLAN_AFTER_S`).
 Measured on 4 simulated ``l40s-4x-pcie`` nodes, an actor (not yet granted) taking the node
@@ -68,20 +69,26 @@ TEARDOWN_S = 30.0
 
 
 def live_state(n: Any, c: Any = None) -> Any:
-    """The node's :class:`~rayaccel.placement.NodeState` (:func:`.view.node_state`) with no more free
-    devices than Ray's fresh ``GPU`` count allows.
+    """The node's :class:`~rayaccel.placement.NodeState` (:func:`.view.node_state`) with as many free
+    devices as Ray's fresh ``GPU`` count says.
 
     The agent's snapshot may be up to a second old; Ray's available count is fresh. When the
     count is lower, which devices were taken is not known until the snapshot catches up: the
-    placer keeps the lowest-index free ones (a gang's bundles need counts; the node's arbiter
-    chooses the devices at the grant).
+    placer keeps the lowest-index free ones. When it is higher, work the snapshot still shows
+    has ended: the lowest-index devices it shows held (not drained, not this driver's young
+    claims, which Ray may not count yet) are free again. A gang's bundles need counts; the
+    node's arbiter chooses the devices at the grant.
     """
     st = node_state(n, c)
-    free = sorted(set(gpu_pool(st.topology)) - st.taken())
+    pool = set(gpu_pool(st.topology))
+    free = sorted(pool - st.taken())
     allowed = max(0, math.floor(n.gpus_available + 1e-6))
-    if len(free) <= allowed:
-        return st
-    return st.with_busy(free[allowed:])
+    if len(free) > allowed:
+        return st.with_busy(free[allowed:])
+    if len(free) < allowed and n.state is not None:
+        held = pool - set(n.state.free) - set(n.state.drained) - (c.on(n.node_id)[0] if c is not None else set())
+        return st.with_free(sorted(held & st.busy)[:allowed - len(free)])
+    return st
 
 
 def _worker_cls() -> Any:
