@@ -102,6 +102,16 @@ class Arbiter:
             self._log_fd = None
         return self._lock_fd
 
+    def open(self) -> None:
+        """Open the lock file and the decision log now (a worker does at start, off its first grant's path)."""
+        self._fd()
+        if self._log_fd is None:
+            try:
+                self._log_fd = os.open(os.path.join(self.dir, DECISION_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                       0o600)
+            except OSError:
+                pass  # the log only feeds metrics
+
     @contextmanager
     def _locked(self, timeout_s: float | None = None) -> Iterator[None]:
         with self._tlock:

@@ -29,6 +29,8 @@ another worker holds; ``rayaccel status`` and ``doctor`` report GPU slots held w
 
 Start-up cost is what every Ray worker of the node pays, so this module imports only
 the standard library, :mod:`._ray_private` and the arbiter's small worker-side modules.
+It reads the node table and opens the arbiter's files when it installs, at worker start
+(a worker Ray keeps idle does it before any task reaches it), not at the first grant.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class Current(NamedTuple):
 
 
 class _NodeSide:
-    """What a worker knows of its node: the table (loaded at the first grant) and the arbiter."""
+    """What a worker knows of its node: the table (loaded when the hook installs, at worker start) and the arbiter."""
 
     def __init__(self, node_dir: str):
         self.dir = node_dir
@@ -572,7 +574,14 @@ def _constrained(request: Any) -> bool:
 def _install() -> bool:
     if not os.environ.get(NODE_DIR_ENV):
         return False
-    return rp.install(_get_ids, _after_set_visible, _after_task)
+    done = rp.install(_get_ids, _after_set_visible, _after_task)
+    try:  # the node table and the arbiter's files at worker start, not on the first task's path
+        ns = node()
+        if ns is not None:
+            ns.arbiter.open()
+    except Exception:  # noqa: BLE001 - the first grant reports it (node() raises there again)
+        _W.node = None
+    return done
 
 
 _install()
