@@ -37,9 +37,15 @@ def dgx1(ray_env):
 
 
 def _idle():
+    """Ray's ledger shows every GPU free and the arbiter's published state no holder: a killed actor's process
+    may still be exiting after Ray freed its slot, and its device stays its own until it has (never double-booked)."""
     import ray
 
-    return ray.available_resources().get("GPU", 0) == ray.cluster_resources().get("GPU", 0)
+    from rayaccel.ray.view import view
+
+    if ray.available_resources().get("GPU", 0) != ray.cluster_resources().get("GPU", 0):
+        return False
+    return all(n.state is not None and not any(h.devices for h in n.state.holders) for n in view().nodes(fresh=True))
 
 
 @pytest.fixture
