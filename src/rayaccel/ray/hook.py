@@ -472,7 +472,7 @@ def _releaser(ev: threading.Event) -> None:
                 continue
             try:
                 ns.arbiter.release(os.getpid(), key=key)
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 - this thread must live on: later grants need it
                 log.warning("rayaccel hook: could not release a finished task's grant: %s", e)
 
 
