@@ -349,3 +349,18 @@ def test_the_agent_and_status_name_a_stuck_lock_holder(tmp_path, monkeypatch):
     for x in status_tables({"nodes": [row], "bad": [], "unmanaged": []}):
         console.print(x)
     assert f"pid {holder.pid}" in console.export_text()
+
+
+@pytest.mark.parametrize("machine", ["dgx1-v100", "nvl72"])
+def test_a_rehearsal_saves_nothing_counts_nothing_and_loads_no_placer(tmp_path, machine):
+    topo = catalog.load(machine)
+    loaded = []
+    arb = Arbiter(tmp_path, build_table(topo, "0" * 12, True), topology=lambda: loaded.append(1) or topo)
+    arb.rehearse("GPU")
+    arb.rehearse("no_such_resource")
+    assert not (tmp_path / statefile.STATE_FILE).exists() and not loaded
+    assert (arb.chooser.answered, arb.chooser.placed) == (0, 0)
+    g = arb.grant(GrantRequest(pid=os.getpid(), key="task:1", slots={"GPU": ((0, 1.0),)}))
+    before = (tmp_path / statefile.STATE_FILE).read_bytes()
+    arb.rehearse("GPU")  # on a node with holders too: the state file is untouched
+    assert (tmp_path / statefile.STATE_FILE).read_bytes() == before and len(g.devices) == 1

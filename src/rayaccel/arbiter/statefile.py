@@ -112,6 +112,26 @@ class Arbiter:
             except OSError:
                 pass  # the log only feeds metrics
 
+    def rehearse(self, resource: str) -> None:
+        """Run a one-unit grant's code once on an idle copy of the state: nothing saved.
+
+        A worker does this at start. Python runs a function's first call cold, which costs a
+        fresh worker's first real grant about 0.1 ms more (0.20 vs 0.07 ms here). Only where the
+        node table's plans answer (the placer and the topology are not loaded at worker start).
+        """
+        t = self.table.resources.get(resource)
+        if t is None or t.plans is None or not t.units:
+            return
+        with self._locked():
+            self.peek()  # not _load: a damaged file is reported by the real grant, once
+        counts = getattr(self.chooser, "answered", None), getattr(self.chooser, "placed", None)
+        req = D.GrantRequest(pid=os.getpid(), key="rehearsal", slots={resource: ((0, 1.0),)})
+        new, _ = D.decide(fresh_state(self.pools), req, self.table, chooser=self.chooser, alive=lambda p: False,
+                          now=time.time())
+        encode_state(new)
+        if counts[0] is not None:  # a rehearsal is no decision
+            self.chooser.answered, self.chooser.placed = counts
+
     @contextmanager
     def _locked(self, timeout_s: float | None = None) -> Iterator[None]:
         with self._tlock:

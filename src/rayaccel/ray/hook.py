@@ -29,8 +29,9 @@ another worker holds; ``rayaccel status`` and ``doctor`` report GPU slots held w
 
 Start-up cost is what every Ray worker of the node pays, so this module imports only
 the standard library, :mod:`._ray_private` and the arbiter's small worker-side modules.
-It reads the node table and opens the arbiter's files when it installs, at worker start
-(a worker Ray keeps idle does it before any task reaches it), not at the first grant.
+It reads the node table, opens the arbiter's files and rehearses one grant (nothing saved)
+when it installs, at worker start (a worker Ray keeps idle does it before any task reaches
+it), not at the first grant.
 """
 
 from __future__ import annotations
@@ -579,6 +580,8 @@ def _install() -> bool:
         ns = node()
         if ns is not None:
             ns.arbiter.open()
+            if ns.gpus:
+                ns.arbiter.rehearse(GPU)
     except Exception:  # noqa: BLE001 - the first grant reports it (node() raises there again)
         _W.node = None
     return done
