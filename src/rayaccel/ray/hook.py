@@ -29,8 +29,8 @@ another worker holds; ``rayaccel status`` and ``doctor`` report GPU slots held w
 
 Start-up cost is what every Ray worker of the node pays, so this module imports only
 the standard library, :mod:`._ray_private` and the arbiter's small worker-side modules.
-It reads the node table, opens the arbiter's files and rehearses one grant (nothing saved)
-when it installs, at worker start (a worker Ray keeps idle does it before any task reaches
+It reads the node table, opens the arbiter's files, rehearses one grant (nothing saved)
+and starts its releaser thread when it installs, at worker start (a worker Ray keeps idle does it before any task reaches
 it), not at the first grant.
 """
 
@@ -444,12 +444,19 @@ def _after_task() -> None:
 
 
 def _release_thread() -> None:
-    """Wake (start on first use) this process's releaser: it releases pending grants that are due."""
-    if _W.release_event is None:
-        ev = threading.Event()
-        threading.Thread(target=_releaser, args=(ev,), name="rayaccel-release", daemon=True).start()
-        _W.release_event = ev
-    _W.release_event.set()
+    """Wake (start if not started) this process's releaser: it releases pending grants that are due."""
+    _start_releaser().set()
+
+
+def _start_releaser() -> threading.Event:
+    """The releaser's wake-up event, its thread started now if it was not (the hook does at worker start:
+    a thread's start costs ~0.1 ms, which a new worker's only task would otherwise pay when it ends)."""
+    with _W.lock:
+        if _W.release_event is None:
+            ev = threading.Event()
+            threading.Thread(target=_releaser, args=(ev,), name="rayaccel-release", daemon=True).start()
+            _W.release_event = ev
+        return _W.release_event
 
 
 def _releaser(ev: threading.Event) -> None:
@@ -582,6 +589,7 @@ def _install() -> bool:
             ns.arbiter.open()
             if ns.gpus:
                 ns.arbiter.rehearse(GPU)
+            _start_releaser()
     except Exception:  # noqa: BLE001 - the first grant reports it (node() raises there again)
         _W.node = None
     return done
