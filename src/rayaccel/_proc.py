@@ -6,6 +6,19 @@ mistaken for the process it replaced.
 
 from __future__ import annotations
 
+import os
+
+
+def exists(pid: int) -> bool:
+    """True when process ``pid`` exists (a zombie or another user's process counts: the conservative side)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
 
 def _stat(pid: int) -> list[bytes] | None:
     """``/proc/<pid>/stat`` fields after the command name (which may hold spaces and parentheses)."""

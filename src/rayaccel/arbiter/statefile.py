@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .._proc import cmdline
+from .._proc import exists as pid_alive  # the arbiter's default liveness test
 from ..errors import ClusterError
 from . import decide as D
 from .choose import TableChooser
@@ -45,17 +46,6 @@ class LockTimeout(ClusterError):
     def __init__(self, message: str, holder: LockInfo | None):
         self.holder = holder
         super().__init__(message)
-
-
-def pid_alive(pid: int) -> bool:
-    """True when process ``pid`` exists (a zombie or another user's process counts as alive: conservative)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Arbiter:
@@ -105,12 +95,10 @@ class Arbiter:
     def open(self) -> None:
         """Open the lock file and the decision log now (a worker does at start, off its first grant's path)."""
         self._fd()
-        if self._log_fd is None:
-            try:
-                self._log_fd = os.open(os.path.join(self.dir, DECISION_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                                       0o600)
-            except OSError:
-                pass  # the log only feeds metrics
+        try:
+            self._log()
+        except OSError:
+            pass  # the log only feeds metrics
 
     def rehearse(self, resource: str) -> None:
         """Run a one-unit grant's code once on an idle copy of the state: nothing saved.
@@ -311,12 +299,15 @@ class Arbiter:
     def _log_decision(self, seconds: float, g: D.Grant) -> None:
         line = f"[{time.time():.4f},{round(seconds * 1e6)},{list(g.devices)},{len(g.partitions)}]\n"
         try:
-            if self._log_fd is None:
-                self._log_fd = os.open(os.path.join(self.dir, DECISION_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                                       0o600)
-            os.write(self._log_fd, line.encode())
+            os.write(self._log(), line.encode())
         except OSError:
             self._log_fd = None  # the log only feeds metrics
+
+    def _log(self) -> int:
+        """The decision log's file, opened on first use (append-only)."""
+        if self._log_fd is None:
+            self._log_fd = os.open(os.path.join(self.dir, DECISION_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return self._log_fd
 
     def decisions(self, since: int = 0, max_bytes: int = 1 << 20) -> tuple[list, int]:
         """Decisions logged after byte offset ``since``: ``([[time, us, devices, n_mig], ...], new offset)``.

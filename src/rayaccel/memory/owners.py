@@ -35,6 +35,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from .._proc import exists as _exists
 from .._proc import start_time as _start_time
 from ..errors import StoreError
 
@@ -138,13 +139,7 @@ def is_alive(pid: int, start: int) -> bool:
         return start == 0 or now == start
     if Path("/proc/self/stat").exists():
         return False  # /proc works and has no such pid
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _exists(pid)
 
 
 def sweep(spill_root: Path | None = None, shm_dir: Path | None = SHM_DIR) -> list[str]:
