@@ -1,4 +1,5 @@
-"""Facts about local processes from ``/proc`` (Linux), shared by the store and ``rayaccel start/stop``.
+"""Facts about local processes (Linux ``/proc``, and ``kill(pid, 0)``), shared by the arbiter, the store
+and ``rayaccel start/stop``.
 
 A process is identified by its pid *and* start time, so a recycled pid is never
 mistaken for the process it replaced.
