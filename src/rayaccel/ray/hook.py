@@ -30,8 +30,8 @@ another worker holds; ``rayaccel status`` and ``doctor`` report GPU slots held w
 Start-up cost is what every Ray worker of the node pays, so this module imports only
 the standard library, :mod:`._ray_private` and the arbiter's small worker-side modules.
 It reads the node table, opens the arbiter's files, rehearses one grant (nothing saved)
-and starts its releaser thread when it installs, at worker start (a worker Ray keeps idle does it before any task reaches
-it), not at the first grant.
+and starts its releaser thread when it installs, at worker start (a worker Ray keeps idle
+does it before any task reaches it), not at the first grant.
 """
 
 from __future__ import annotations
@@ -127,7 +127,10 @@ class _NodeSide:
         self.env_var = self.table.visible_env
         self.default_visible = os.environ.get(self.env_var)
         self.user_ucx = os.environ.get(UCX_NET_DEVICES)
-        self.host_nics = host_rdma_devices() if any(self.table.nics.values()) else frozenset()
+        host = host_rdma_devices() if any(self.table.nics.values()) else frozenset()
+        #: device -> its near NICs that this host has: what UCX may be given (``table.nics`` names them all)
+        self.ucx_nics = {i: tuple(n for n in nics if n.partition(":")[0] in host)
+                         for i, nics in self.table.nics.items()}
         self._record: Any = None
 
     @property
@@ -383,8 +386,7 @@ def _after_set_visible(saved: dict) -> dict:
     for i in devs:
         cpus.update(ns.table.cpus.get(i, ()))
     _apply_affinity(cpus or None)
-    nics = [n for n in dict.fromkeys(n for i in devs for n in ns.table.nics.get(i, ()))
-            if n.partition(":")[0] in ns.host_nics]
+    nics = list(dict.fromkeys(n for i in devs for n in ns.ucx_nics.get(i, ())))
     if ns.user_ucx is not None:
         os.environ[UCX_NET_DEVICES] = ns.user_ucx  # a value the user set is kept
     elif nics:
