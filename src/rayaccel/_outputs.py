@@ -1,18 +1,27 @@
 """Checks of output paths, run before any work: a picture, a results file, an output folder.
 
 Used by :mod:`rayaccel.viz` (and re-exported there as :func:`rayaccel.viz.check_output_dir`
-and :func:`rayaccel.viz.check_output_file`), the CLI and the demo. Nothing is created by a
-check; each failure is an :class:`~rayaccel.errors.OutputPathError` naming the path, what is
+and :func:`rayaccel.viz.check_output_file`), the CLI and the demo. A check leaves nothing
+behind; each failure is an :class:`~rayaccel.errors.OutputPathError` naming the path, what is
 in the way and what would work.
+
+Permission bits do not say whether a folder takes new files (root passes ``access()`` on
+``/proc``, ``/sys`` and read-only mounts), so a check ends by creating and removing one empty
+probe file in the nearest existing folder. Writers then go through :func:`output_dir` and
+:func:`atomic_path`: a failure midway removes what they wrote and the folders they created,
+so an output is either complete or absent.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .errors import OutputPathError, RayaccelError
 
@@ -46,6 +55,20 @@ def _writable_folder(folder: Path, target: Path, what: str) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputPathError(f"{target}: cannot write the {what} here: no permission to write in {folder}; "
                               "expected a path in a folder you can write to", target)
+    _probe(folder, target, what)
+
+
+def _probe(folder: Path, target: Path, what: str) -> None:
+    """Create and remove one empty file in ``folder``: the only sure test that it takes new files."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".rayaccel-probe-", dir=folder)
+    except OSError as e:
+        why = e.strerror or str(e)
+        raise OutputPathError(f"{target}: cannot write the {what} here: {folder} takes no new files ({why}; "
+                              "a special or read-only file system?); expected a path in a folder you can write to",
+                              target) from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def _existing_ancestor(p: Path) -> Path:
@@ -129,3 +152,99 @@ def check_output_file(path: str | Path, what: str = "picture", suffixes: Sequenc
     return p
 
 
+def _fail_write(p: Path, what: str, e: OSError) -> OutputPathError:
+    return OutputPathError(f"{str(p)[:200]}: cannot write the {what} ({e.strerror or e}); "
+                           "expected a path in a folder you can write to", p)
+
+
+@contextmanager
+def output_dir(path: str | Path, what: str = "output") -> Iterator[Path]:
+    """Check ``path`` (:func:`check_output_dir`), create it with its missing parents, yield it.
+
+    All or nothing: when the body raises, the folders created here are removed with
+    everything in them (a folder that existed before is left as it was, except for files
+    written through :func:`atomic_path`, which never leave a partial file).
+
+    Raises:
+        OutputPathError: the check fails, or a folder cannot be created (names the path).
+    """
+    p = check_output_dir(path, what)
+    missing = []
+    probe = p
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _remove_created(missing)
+        raise _fail_write(p, what, e) from None
+    try:
+        yield p
+    except BaseException:
+        _remove_created(missing)
+        raise
+
+
+def _remove_created(created: list[Path]) -> None:
+    """Remove the folders this process created (``created``: deepest first), with their contents."""
+    if created:
+        shutil.rmtree(created[-1], ignore_errors=True)
+
+
+@contextmanager
+def atomic_path(path: str | Path, what: str = "output") -> Iterator[Path]:
+    """Yield a temporary name next to ``path`` (same suffix) to write; move it to ``path`` when the body ends.
+
+    The file appears complete or not at all: when the body raises (or the move fails) the
+    temporary file is removed. Missing parent folders are created, and removed again on failure.
+
+    Raises:
+        OutputPathError: a folder or the file cannot be written (names the path).
+    """
+    p = Path(path)
+    missing = []
+    probe = p.parent
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{p.stem[:40]}-", suffix=p.suffix, dir=p.parent)
+        os.close(fd)
+        os.chmod(name, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets what open() would give it
+    except OSError as e:
+        _remove_created(missing)
+        raise _fail_write(p, what, e) from None
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, p)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        _remove_created(missing)
+        raise _fail_write(p, what, e) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        _remove_created(missing)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_text(path: str | Path, text: str, what: str = "output") -> Path:
+    """Write ``text`` to ``path`` all or nothing (:func:`atomic_path`); return ``path``.
+
+    Raises:
+        OutputPathError: the file cannot be written (names the path).
+    """
+    with atomic_path(path, what) as tmp:
+        try:
+            tmp.write_text(text)
+        except OSError as e:
+            raise _fail_write(Path(path), what, e) from None
+    return Path(path)

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 from ._viz_layout import (DEV_H, DEV_W, NIC_H, SMALL_ABOVE, STEP_X, STEP_Y, _all_to_all, _blocked,  # noqa: F401
                           _extent, _layout, domain_groups, drawn_links, link_label_point, link_route, nic_places,
                           pack_blocks, pack_groups)
-from ._outputs import SUFFIXES, VizError, check_output_dir, check_output_file
+from ._outputs import SUFFIXES, VizError, atomic_path, check_output_dir, check_output_file
 from .errors import OutputPathError
 from .topology import DIRECT_KINDS, Device, NodeTopology, Partition
 
@@ -391,12 +391,15 @@ def _legend_handles(used: set[str], colours: Mapping[str, str]) -> list:
 
 
 def _save(fig: Any, path: Path) -> Path:
+    """Write the picture all or nothing (:func:`rayaccel._outputs.atomic_path`)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=150 if path.suffix.lower() == ".png" else None, bbox_inches="tight")
-    except OSError as e:
-        raise OutputPathError(f"{path}: cannot write the picture ({e.strerror or e}); "
-                              "expected a file name in a folder you can write to", path) from None
+        with atomic_path(path, "picture") as tmp:
+            try:
+                fig.savefig(tmp, dpi=150 if path.suffix.lower() == ".png" else None, bbox_inches="tight",
+                            format=path.suffix.lower().lstrip("."))
+            except OSError as e:
+                raise OutputPathError(f"{path}: cannot write the picture ({e.strerror or e}); "
+                                      "expected a file name in a folder you can write to", path) from None
     finally:
         _plt().close(fig)
     return path
