@@ -1,7 +1,8 @@
 """``npu-smi info -t topo`` and ``npu-smi info``: Huawei Ascend NPUs.
 
 * ``npu-smi info -t topo`` prints a matrix like ``nvidia-smi topo -m``: a header row
-  ``NPU0 NPU1 ... CPU Affinity``, one row per NPU (``X`` on the diagonal, ``HCCS`` for a
+  ``NPU0 NPU1 ... CPU Affinity`` (read by its header: without the ``CPU Affinity`` column
+  the NPUs have no CPU list), one row per NPU (``X`` on the diagonal, ``HCCS`` for a
   Huawei Cache Coherence System link, ``PIX``/``PXB``/``PHB``/``SYS`` PCIe paths, ``NA``
   unknown) ending in the NPU's CPU affinity, then a ``Legend:`` block. ``HCCS`` becomes an
   ``hccs`` link (no lane count: the matrix gives none), a PCIe class a ``pcie`` link,
@@ -28,7 +29,8 @@ from ._base import Fragment, Line, fail, find_hostname, parse_cpulist
 FORMAT_TOPO = "npu-smi info -t topo"
 FORMAT_INFO = "npu-smi info"
 
-_TOPO_HEADER = re.compile(r"^\s*NPU0(\s+NPU\d+)*\s+CPU Affinity\s*$")
+_TOPO_HEADER = re.compile(r"^\s*NPU0(\s+NPU\d+)*(\s+CPU Affinity)?\s*$")
+_TOPO_ROW0 = re.compile(r"^\s*NPU0\s+X(\s|$)")
 _INFO_HEADER = re.compile(r"^\|\s*NPU\s+Name\s*\|\s*Health\s*\|")
 _ROW1 = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*(\S+)\s*\|")
 _ROW2 = re.compile(r"^\|\s*(\d+)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*\|(.*)\|\s*$")
@@ -38,8 +40,18 @@ _HEALTH = {"OK": "ok", "WARNING": "degraded", "ALARM": "failed", "CRITICAL": "fa
 
 
 def detect_topo(lines: list[Line]) -> bool:
-    """True for the ``NPU0 NPU1 ... CPU Affinity`` header of ``npu-smi info -t topo``."""
-    return any(_TOPO_HEADER.match(ln.text) for ln in lines)
+    """True for the ``NPU0 NPU1 ... [CPU Affinity]`` header of ``npu-smi info -t topo`` (with its ``NPU0 X`` row)."""
+    return _topo_start(lines) is not None
+
+
+def _topo_start(lines: list[Line]) -> int | None:
+    """Index of the matrix header: ``NPU0 NPU1 ...``, the ``CPU Affinity`` column optional, followed by row NPU0."""
+    for k, ln in enumerate(lines):
+        if _TOPO_HEADER.match(ln.text):
+            nxt = next((x for x in lines[k + 1:] if x.text.strip()), None)
+            if "CPU Affinity" in ln.text or (nxt is not None and _TOPO_ROW0.match(nxt.text)):
+                return k
+    return None
 
 
 def detect_info(lines: list[Line]) -> bool:
@@ -55,9 +67,13 @@ def parse_topo(lines: list[Line], path: str) -> list[Fragment]:
             that is not square.
     """
     frag = Fragment(FORMAT_TOPO, path, hostname=find_hostname(lines))
-    start = next(k for k, ln in enumerate(lines) if _TOPO_HEADER.match(ln.text))
+    start = _topo_start(lines)
+    if start is None:
+        raise fail("no npu-smi topology header found (expected 'NPU0  NPU1 ...  CPU Affinity')", path)
     frag.first_line = lines[start].no
-    labels = lines[start].text.split()[:-2]  # drop "CPU Affinity"
+    header = lines[start].text.split()
+    affinity = header[-2:] == ["CPU", "Affinity"]  # read by the header: the column may be absent
+    labels = header[:-2] if affinity else header
     n = len(labels)
     if labels != [f"NPU{i}" for i in range(n)]:
         raise fail(f"header columns {' '.join(labels)} are not NPU0..NPU{n - 1}", path, lines[start].no)
@@ -74,9 +90,9 @@ def parse_topo(lines: list[Line], path: str) -> list[Fragment]:
         if idx in seen:
             raise fail(f"row {tok[0]} listed twice", path, ln.no)
         cells = tok[1:]
-        if len(cells) not in (n, n + 1):
-            raise fail(f"row {tok[0]} has {len(cells)} cells, expected {n} and the CPU affinity; cells merged or cut?",
-                       path, ln.no)
+        if len(cells) not in ((n, n + 1) if affinity else (n,)):
+            want = f"{n} and the CPU affinity" if affinity else f"{n} (the header has no CPU Affinity column)"
+            raise fail(f"row {tok[0]} has {len(cells)} cells, expected {want}; cells merged or cut?", path, ln.no)
         if cells[idx] != "X":
             raise fail(f"row {tok[0]} should have X (self) under {tok[0]}, got {cells[idx]!r}; cells shifted?",
                        path, ln.no)

@@ -1,8 +1,9 @@
 """``tpu-info`` and the TPU VM's ``tpu-env`` metadata: Google TPU chips on a host's ICI grid.
 
 * ``tpu-info`` (Cloud TPU's ``tpu-info`` CLI, every release: rich box tables or the
-  plain ``|`` tables, ``Chip``/``Device`` first column, ``Devices``/``Cores`` third):
-  only the ``TPU Chips`` table is read -- one row per chip, ``/dev/accel<N>`` (v4) or
+  plain ``|`` tables, ``Chip``/``Device`` first column, ``Devices``/``Cores`` third): only
+  the ``TPU Chips`` table is read, by its header (the chip column is required; without a
+  ``Type`` column the ``Accelerator type:`` line gives the generation) -- one row per chip, ``/dev/accel<N>`` (v4) or
   ``/dev/vfio/<N>`` (v5e, v5p, v6e, 7x), its type (``TPU v4 chip``) -- plus the
   ``Accelerator type:`` line when present. ``N`` is the chip index ``TPU_VISIBLE_CHIPS``
   names. The chips' places on the grid are not in the output: they follow the host shape
@@ -32,7 +33,8 @@ FORMAT_ENV = "tpu-env"
 HBM_GIB = {"v2": 8, "v3": 16, "v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "7x": 192}
 _BOX = "│┃|"
 _TITLE = re.compile(r"^\s*TPU Chips\s*$")
-_ROW = re.compile(r"^[│┃|]\s*/dev/(accel|vfio/)(\d+)\s*[│┃|]\s*(TPU\s*v?\w+(?:\s+chip)?)\s*[│┃|]\s*(\d+)\s*[│┃|]")
+_CHIP = re.compile(r"^/dev/(accel|vfio/)(\d+)$")
+_TYPE = re.compile(r"^TPU\s*v?\w+(?:\s+chip)?$")
 _ACCEL_TYPE = re.compile(r"^\s*Accelerator type:\s*(\S+)\s*$")
 _ENV_LINE = re.compile(r"^\s*([A-Z][A-Z0-9_]*):\s*'([^']*)'\s*$")
 _BOUNDS = re.compile(r"^(\d+),(\d+),(\d+)$")
@@ -79,7 +81,16 @@ def _generation(text: str) -> str | None:
 
 def detect_info(lines: list[Line]) -> bool:
     """True for a ``tpu-info`` ``TPU Chips`` table."""
-    return any(_TITLE.match(ln.text) for ln in lines) and any(_ROW.match(ln.text.strip()) for ln in lines)
+    return any(_TITLE.match(ln.text) for ln in lines) and any(
+        any(_CHIP.match(c) for c in _box_cells(ln.text)) for ln in lines)
+
+
+def _box_cells(text: str) -> list[str]:
+    """The cells of a table row (rich box ``│``/``┃`` or plain ``|`` separators), stripped; [] for other lines."""
+    t = text.strip()
+    if not t or t[0] not in _BOX:
+        return []
+    return [c.strip() for c in re.split(f"[{_BOX}]", t.strip(_BOX))]
 
 
 def detect_env(lines: list[Line]) -> bool:
@@ -110,21 +121,39 @@ def parse_info(lines: list[Line], path: str) -> list[Fragment]:
     frag = Fragment(FORMAT_INFO, path, hostname=find_hostname(lines))
     start = next(k for k, ln in enumerate(lines) if _TITLE.match(ln.text))
     frag.first_line = lines[start].no
-    chips: dict[int, str] = {}
+    chips: dict[int, str | None] = {}
+    cols: dict[str, int] | None = None  # header name (lower case) -> cell index
     for ln in lines[start + 1:]:
         t = ln.text.strip()
         if not t:
             continue
-        m = _ROW.match(t)
-        if m:
+        cells = _box_cells(t)
+        if cols is None and cells and any(c.lower() in ("chip", "device") for c in cells):
+            cols = {c.lower(): k for k, c in enumerate(cells) if c}
+            continue
+        if cols is not None and cells and any(_CHIP.match(c) for c in cells):
+            chip_col = cols.get("chip", cols.get("device"))
+            type_col = cols.get("type")
+            if chip_col is None or chip_col >= len(cells) or not (m := _CHIP.match(cells[chip_col])):
+                raise fail(f"cannot read this chip row {t[:80]!r} by its header ({', '.join(cols)})", path, ln.no)
             idx = int(m.group(2))
             if idx in chips:
                 raise fail(f"chip {idx} listed twice", path, ln.no)
-            chips[idx] = m.group(3).strip()
+            kind = cells[type_col] if type_col is not None and type_col < len(cells) else None
+            if kind is not None and not _TYPE.match(kind):
+                raise fail(f"chip {idx}: type {kind[:40]!r} is not a TPU chip type such as 'TPU v4 chip'", path, ln.no)
+            chips[idx] = kind
         elif chips and t[0] not in _BOX + "└┡├+-":
             break  # the next table's title
     if not chips:
-        raise fail("the TPU Chips table has no chip rows ('/dev/accel<N>' or '/dev/vfio/<N>')", path, lines[start].no)
+        raise fail("the TPU Chips table has no chip rows ('/dev/accel<N>' or '/dev/vfio/<N>' under a 'Chip' "
+                   "header)", path, lines[start].no)
+    accel = next((m.group(1) for ln in lines if (m := _ACCEL_TYPE.match(ln.text))), None)
+    if any(c is None for c in chips.values()):
+        if accel is None:
+            raise fail("the TPU Chips table has no Type column and the capture no 'Accelerator type:' line: "
+                       "the chips' generation is unknown", path, lines[start].no)
+        chips = {i: c if c is not None else accel for i, c in chips.items()}
     types = {_generation(c) for c in chips.values()}
     if len(types) != 1 or None in types:
         raise fail(f"chips of several or unknown types: {sorted(set(chips.values()))}", path, lines[start].no)
@@ -133,7 +162,6 @@ def parse_info(lines: list[Line], path: str) -> list[Fragment]:
     if grid is None or sorted(chips) != list(range(len(chips))):
         raise fail(f"{len(chips)} chips {sorted(chips)}: a TPU host has chips 0..n-1 with n = 1, 4 or 8", path,
                    lines[start].no)
-    accel = next((m.group(1) for ln in lines if (m := _ACCEL_TYPE.match(ln.text))), None)
     hbm = HBM_GIB.get(gen)  # type: ignore[arg-type]
     coords = {i: chip_coords(i, grid) for i in chips}
     for i in sorted(chips):
