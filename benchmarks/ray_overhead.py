@@ -89,7 +89,7 @@ def main() -> None:
     compileall.compile_dir(os.path.dirname(rayaccel.__file__), quiet=1)
     import ray
 
-    from rayaccel.ray.cluster import SimulatedCluster
+    from rayaccel.ray.driver.cluster import SimulatedCluster
 
     c = SimulatedCluster(["dgx1-v100", "dgx1-v100"], plain=[1], num_cpus=8, logging_level="ERROR",
                          log_to_driver=False)

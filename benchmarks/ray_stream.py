@@ -52,7 +52,7 @@ def _run(jobs: list[dict], plain: bool) -> list[dict]:
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from rayaccel.ray.cluster import SimulatedCluster
+    from rayaccel.ray.driver.cluster import SimulatedCluster
 
     c = SimulatedCluster(list(MACHINES), plain=range(len(MACHINES)) if plain else (), num_cpus=12,
                          logging_level="ERROR", log_to_driver=False)

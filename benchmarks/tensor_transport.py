@@ -77,7 +77,7 @@ def main() -> int:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     importlib.import_module("rayaccel.ray")  # makes tensor_transport="rayaccel" known in this driver
-    from rayaccel.ray.cluster import SimulatedCluster
+    from rayaccel.ray.driver.cluster import SimulatedCluster
     from rayaccel.transfer import MODEL
 
     store_bytes = max(256 * MiB, int(max(sizes) * MiB * 2.2))

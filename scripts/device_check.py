@@ -204,7 +204,7 @@ def _health(topo, seconds: float):
     """The health watcher's probe on the real devices for ``seconds`` (what it reports; nothing is changed)."""
     print(f"\n== health probe ({seconds:g} s) ==")
     try:
-        from rayaccel.discovery.health import probe_for
+        from rayaccel.health import probe_for
 
         probe = probe_for(topo)
     except Exception as e:  # noqa: BLE001

@@ -116,7 +116,6 @@ def _checks(ray, torch, gpus: int, sizes, repeats: int) -> tuple[int, int]:
 
         def take(self, t) -> tuple:
             from rayaccel.ray import rdt
-
             s = int(torch.sum(t, dtype=torch.int64))
             if t.is_cuda:
                 torch.cuda.synchronize()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rayaccel.discovery.amd import AmdBackend, parse_cpulist
-from rayaccel.discovery.fakeamdsmi import AMDSMI_STATUS_NOT_SUPPORTED, FakeAmdSmi
+from rayaccel.testing.fakeamdsmi import AMDSMI_STATUS_NOT_SUPPORTED, FakeAmdSmi
 from rayaccel.errors import BackendError, BackendUnavailable
 from rayaccel.topology import Device, NodeTopology, make_link
 

@@ -204,18 +204,18 @@ def test_mig_slots_map_to_instances_and_avoid_drained_parents(tmp_path):
 def test_damaged_state_file_is_rebuilt_and_reported(tmp_path):
     node = Node(tmp_path)
     node.grant(1)
-    (tmp_path / "arbiter.json").write_text("{corrupt")
+    (tmp_path / "arbiter.state").write_text("{corrupt")
     _, g = node.grant(1)
     assert g.waiting is None
     st = node.arb.read()
-    assert st.resets == 1 and "arbiter.json" in st.reset_reason
+    assert st.resets == 1 and "arbiter.state" in st.reset_reason
 
 
 def test_state_file_is_private(tmp_path):
     node = Node(tmp_path)
     node.grant(1)
-    assert os.stat(tmp_path / "arbiter.json").st_mode & 0o077 == 0
-    raw = (tmp_path / "arbiter.json").read_bytes()
+    assert os.stat(tmp_path / "arbiter.state").st_mode & 0o077 == 0
+    raw = (tmp_path / "arbiter.state").read_bytes()
     assert raw[:4] == b"RAS2" and int.from_bytes(raw[4:8], "big") == zlib.crc32(raw[8:])
 
 

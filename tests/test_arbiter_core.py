@@ -77,8 +77,7 @@ def test_a_reservation_in_the_way_is_named_not_resolved_under_the_lock():
 def test_the_arbiter_asks_nobody_while_it_holds_the_lock(tmp_path, monkeypatch):
     """The hook asks Ray about blocking groups between grants, never inside one (a slow GCS stalls no grant)."""
     from rayaccel.ray import _ray_private as rp
-    from rayaccel.ray import hook
-
+    from rayaccel.ray.worker import hook
     topo = catalog.load("dgx1-v100")
     table = build_table(topo, KEY, True)
     arb = Arbiter(tmp_path, table, topology=topo, alive=lambda p: p in (1, 2))
@@ -195,14 +194,14 @@ def test_a_damaged_state_file_is_refused_with_why(tmp_path, damage):
     table = build_table(topo, KEY, True)
     arb = Arbiter(tmp_path, table, topology=topo, alive=lambda p: True)
     arb.grant(GrantRequest(pid=3, key="t", slots=_gpu(0, 1)))
-    raw = (tmp_path / "arbiter.json").read_bytes()
+    raw = (tmp_path / "arbiter.state").read_bytes()
     bad = {"truncate": raw[:-3], "flip": raw[:20] + bytes([raw[20] ^ 0xFF]) + raw[21:], "magic": b"XXXX" + raw[4:],
            "empty": b""}[damage]
     with pytest.raises(StateError):
         decode_state(bad, table.pools())
-    (tmp_path / "arbiter.json").write_bytes(bad)
+    (tmp_path / "arbiter.state").write_bytes(bad)
     st = arb.read()
-    assert st.resets == 1 and not st.holders and "arbiter.json" in st.reset_reason
+    assert st.resets == 1 and not st.holders and "arbiter.state" in st.reset_reason
 
 
 def test_state_round_trips_exactly():
@@ -250,8 +249,7 @@ def test_device_states_are_classified_once_failed_is_failed():
 
 
 def test_metrics_export_the_same_states_as_status(monkeypatch):
-    from rayaccel.ray import metrics
-
+    from rayaccel.ray.node import metrics
     recorded: dict = {}
 
     class Rec:
@@ -291,7 +289,7 @@ def _run(code: str, env: dict) -> str:
 def test_the_hook_imports_no_topology_and_no_placer(tmp_path):
     out = _run("""
         import sys, ray
-        import rayaccel.ray.hook
+        import rayaccel.ray.worker.hook
         heavy = sorted(m for m in sys.modules if m.startswith(("rayaccel.topology", "rayaccel.placement",
                                                               "rayaccel.discovery", "rayaccel.catalog")))
         print(heavy)
@@ -304,7 +302,7 @@ def test_a_first_grant_the_table_answers_loads_no_placer(tmp_path):
     (tmp_path / "table.json").write_bytes(encode_table(build_table(topo, KEY, True)))
     out = _run("""
         import os, sys, ray
-        import rayaccel.ray.hook as h
+        import rayaccel.ray.worker.hook as h
         from rayaccel.arbiter.decide import GrantRequest
         ns = h.node()
         g = ns.arbiter.grant(GrantRequest(pid=os.getpid(), key="task:1", slots={"GPU": ((0, 1.0), (1, 1.0))}))
@@ -320,8 +318,8 @@ def test_the_agent_and_status_name_a_stuck_lock_holder(tmp_path, monkeypatch):
     """The agent never blocks on a stuck lock: it publishes its last snapshot with the holder named."""
     from rayaccel.arbiter.table import TABLE_FILE
     from rayaccel.cli.views import status_tables
-    from rayaccel.ray import agent as agent_mod
-    from rayaccel.ray import status
+    from rayaccel.ray.node import agent as agent_mod
+    from rayaccel.ray.driver import status
     from rayaccel.ray.record import NodeRecord
 
     topo = catalog.load("dgx1-v100")

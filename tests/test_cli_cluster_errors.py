@@ -114,8 +114,7 @@ def test_version():
 ], ids=["bad-hostlist", "host-not-named", "bad-json"])
 def test_start_with_a_bad_network_topology_starts_nothing(tmp_path, content, says):
     """`rayaccel start --network-topology` reads the file before anything starts: one error line, no node."""
-    from rayaccel.ray import processes
-
+    from rayaccel.ray.node import processes
     name = "topology.json" if content.startswith("{") else "topology.conf"
     f = tmp_path / name
     f.write_text(content)
@@ -132,7 +131,7 @@ def test_network_levels_and_the_nvlink_domain_become_ray_start_labels():
 
     from rayaccel import catalog
     from rayaccel.discovery.network import node_levels
-    from rayaccel.ray.lifecycle import ray_start_command
+    from rayaccel.ray.node.lifecycle import ray_start_command
 
     conf = Path(__file__).parent / "data" / "network" / "slurm-tree-topology.conf"
     levels = node_levels(conf, "nvl-r0-t03")

@@ -14,9 +14,9 @@ from dataclasses import replace
 import pytest
 
 from rayaccel import catalog
-from rayaccel.discovery import fakenvml
-from rayaccel.discovery.fakeamdsmi import FakeAmdSmi
-from rayaccel.discovery.fakenvml import FakeNVML
+from rayaccel.testing import fakenvml
+from rayaccel.testing.fakeamdsmi import FakeAmdSmi
+from rayaccel.testing.fakenvml import FakeNVML
 from rayaccel.doctor import (
     AMD_CHECKS, NVIDIA_CHECKS, STATUSES, Check, local_checks, simulated_checks, summarize, worst,
 )

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 
 from rayaccel import catalog
-from rayaccel.discovery.fakenvml import FakeNVML
+from rayaccel.testing.fakenvml import FakeNVML
 from rayaccel.doctor import NVIDIA_CHECKS, local_checks
 from rayaccel.doctor._fabric import domain_summary, imex_check
-from rayaccel.ray.doctor_cluster import _node_rows, domain_rows
+from rayaccel.ray.driver.doctor import _node_rows, domain_rows
 from rayaccel.topology import Fabric
 
 
@@ -157,14 +157,8 @@ def test_hostile_facts_do_not_crash_the_cluster_half():
 
 # ---------------------------------------------------------------- the split
 def test_the_node_half_imports_no_cluster_code():
-    code = ("import sys, rayaccel.ray.doctor_node, rayaccel.ray.agent; "
-            "bad = [m for m in ('rayaccel.ray.doctor_cluster', 'rayaccel.ray.doctor', 'rayaccel.ray.view') "
+    code = ("import sys, rayaccel.ray.node.doctor, rayaccel.ray.node.agent; "
+            "bad = [m for m in ('rayaccel.ray.driver.doctor', 'rayaccel.ray.driver.view') "
             "if m in sys.modules]; assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-
-
-def test_the_ray_doctor_still_names_both_halves():
-    from rayaccel.ray import doctor, doctor_cluster, doctor_node
-
-    assert doctor.run is doctor_cluster.run and doctor.node_facts is doctor_node.node_facts

@@ -272,7 +272,7 @@ def test_rack_trays_go_to_a_simulated_cluster_as_they_are():
     """SimulatedCluster takes topology objects (resolve_topology hands them through) and each node's
     published record keeps the tray's fabric, so every node of the cluster knows its domain."""
     from rayaccel.ray.record import NodeRecord
-    from rayaccel.ray.node import resolve_topology
+    from rayaccel.ray.node.start import resolve_topology
 
     trays = catalog.rack("gb200-nvl72-tray", trays=2, rack=0) + catalog.rack("gb200-nvl72-tray", trays=2, rack=1)
     assert [resolve_topology(t) for t in trays] == list(trays)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rayaccel import catalog
-from rayaccel.discovery import fakenvml
+from rayaccel.testing import fakenvml
 from rayaccel.discovery.capture import import_captures, looks_like_capture, parse_capture
-from rayaccel.discovery.fakenvml import FakeNVML
+from rayaccel.testing.fakenvml import FakeNVML
 from rayaccel.discovery.nvidia import NvidiaBackend
 from rayaccel.errors import CaptureError
 from rayaccel.topology import Fabric, nvlink_domain, nvlink_domain_reason

@@ -294,7 +294,6 @@ def test_capture_importers(text):
                  mutated_captures()))
 def test_rayaccel_topology_environment(value):
     from rayaccel.discovery import registry
-
     value = value.replace("\x00", "")  # an environment variable cannot hold a NUL byte
     old = os.environ.get("RAYACCEL_TOPOLOGY")
     os.environ["RAYACCEL_TOPOLOGY"] = value
@@ -388,7 +387,7 @@ def test_cluster_spec(scratch, content):
 def test_node_labels_to_places(labels):
     """Whatever a node's labels say, its place is a valid NodePlace (bad ones degrade to none)."""
     from rayaccel.placement.domains import NodePlace
-    from rayaccel.ray.places import place_of
+    from rayaccel.ray.driver.places import place_of
 
     with bounded():
         pl = place_of(labels)

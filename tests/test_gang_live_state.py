@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from rayaccel import catalog
-from rayaccel.ray.gangs import live_state
-from rayaccel.ray.view import Claims
+from rayaccel.ray.driver.gangs import live_state
+from rayaccel.ray.driver.view import Claims
 
 
 def _node(free, available, drained=()):

@@ -15,14 +15,14 @@ from dataclasses import replace
 import pytest
 
 from rayaccel import catalog
-from rayaccel.discovery import fakenvml
-from rayaccel.discovery.fakeamdsmi import AMDSMI_STATUS_NOT_SUPPORTED, FakeAmdSmi
-from rayaccel.discovery.fakenvml import FakeNVML
-from rayaccel.discovery.health import (
+from rayaccel.testing import fakenvml
+from rayaccel.testing.fakeamdsmi import AMDSMI_STATUS_NOT_SUPPORTED, FakeAmdSmi
+from rayaccel.testing.fakenvml import FakeNVML
+from rayaccel.health import (
     APPLICATION_XIDS, KINDS, KIND_SEVERITY, HealthEvent, HealthProbe, MultiProbe, classify_xid, probe_for, xid_detail,
 )
-from rayaccel.discovery.health_amd import AmdHealthProbe
-from rayaccel.discovery.health_nvml import NvmlHealthProbe
+from rayaccel.health.amd import AmdHealthProbe
+from rayaccel.health.nvml import NvmlHealthProbe
 from rayaccel.errors import BackendError, BackendUnavailable
 from rayaccel.topology import NodeTopology
 

@@ -124,7 +124,6 @@ def test_huge_source_names_are_one_short_error(source):
 
 def test_huge_environment_topology(monkeypatch):
     from rayaccel.discovery import discover
-
     monkeypatch.setenv("RAYACCEL_TOPOLOGY", "x" * 5000)
     with pytest.raises(RayaccelError, match="too long for a file name"):
         discover()

@@ -4,7 +4,7 @@ The graph is built with ``ast`` from every ``import`` / ``from ... import`` in t
 package's source -- at module top, inside functions and under ``if TYPE_CHECKING:``
 alike (an import inside a function hides an edge, it does not remove it). An edge goes
 to the most specific module imported: ``from ..discovery import health`` is an edge to
-``rayaccel.discovery.health``, ``from ..placement import plan`` one to the package
+``rayaccel.health``, ``from ..placement import plan`` one to the package
 ``rayaccel.placement``. A package's ``__init__`` running before its modules is not an
 edge. Names fetched lazily by string (``importlib.import_module`` in ``rayaccel.__getattr__``)
 are not imports and are not in the graph.
@@ -39,10 +39,10 @@ KNOWN_CYCLES: list[frozenset[str]] = []
 #: Third-party libraries only some layers may import (the table's word, "the only package
 #: that imports ray"; CONVENTIONS: placement is free of vendor libraries and of ray).
 #: library -> the rows (by their first package) from which on it may be imported, upward.
-LIBRARY_FLOOR = {"ray": "rayaccel.ray"}
+LIBRARY_FLOOR = {"ray": "rayaccel.ray._ray_private"}
 #: Vendor libraries: only the discovery backends and the doctor's checks talk to the hardware.
-VENDOR_LIBRARIES = {"pynvml": ("rayaccel.discovery", "rayaccel.doctor"),
-                    "amdsmi": ("rayaccel.discovery", "rayaccel.doctor")}
+VENDOR_LIBRARIES = {"pynvml": ("rayaccel.discovery", "rayaccel.health", "rayaccel.doctor"),
+                    "amdsmi": ("rayaccel.discovery", "rayaccel.health", "rayaccel.doctor")}
 
 
 # ------------------------------------------------------------------ the graph
@@ -346,12 +346,24 @@ def test_the_table_names_every_package_once(rows):
     assert len(units) == len(set(units)), units
     tops = {p.stem if p.is_file() else p.name for p in (SRC / "rayaccel").iterdir()
             if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
-    assert {f"rayaccel.{t}" for t in tops} | {"rayaccel"} == set(units)
+    assert {f"rayaccel.{t}" for t in tops} | {"rayaccel"} == {u for u in units if u.count(".") <= 1}
+
+
+def test_the_ray_layer_is_laid_out_by_process(rows):
+    """Every module and package directly under ``rayaccel.ray`` has its own row: a reader knows from the
+    path where a line runs (every worker, a node, the driver) and what it may import."""
+    units = {u for row in rows for u in row.units}
+    ray = SRC / "rayaccel" / "ray"
+    kids = {p.stem if p.is_file() else p.name for p in ray.iterdir()
+            if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert {f"rayaccel.ray.{k}" for k in kids} == {u for u in units if u.startswith("rayaccel.ray.")}
+    for process in ("worker", "node", "driver"):
+        assert f"rayaccel.ray.{process}" in units
 
 
 def test_the_graph_sees_function_level_and_relative_imports(graph):
     e = graph.edges
-    assert "rayaccel.discovery.fakenvml" in e["rayaccel.discovery.health"]  # inside probe_for
+    assert "rayaccel.testing.fakenvml" in e["rayaccel.health"]  # inside probe_for
     assert "rayaccel.catalog" in e["rayaccel.discovery.load"]  # `from .. import catalog`, inside a function
     assert "rayaccel.memory.share" in e["rayaccel.memory.store"]  # `from . import share as _share`
     assert "rayaccel" in e["rayaccel.cli"]  # `from .. import __version__`

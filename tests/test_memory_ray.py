@@ -38,7 +38,7 @@ def _data(seed: int, n: int = MiB) -> np.ndarray:
 
 @ray.remote
 def produce(seed: int, spill_to: str | None = None):
-    from rayaccel.ray.store import store
+    from rayaccel.ray.worker.store import store
 
     os.environ["RAYACCEL_GPU_MEMORY_BYTES"] = str(2 * MiB)  # as the in-worker setup would
     s = store()
@@ -50,7 +50,7 @@ def produce(seed: int, spill_to: str | None = None):
 
 @ray.remote
 def consume(handle):
-    from rayaccel.ray.store import store
+    from rayaccel.ray.worker.store import store
 
     x = store().get(handle)
     return x.tobytes() == _data(int(handle.name.split("-")[1])).tobytes(), os.getpid(), handle.shared.ref is None
@@ -74,14 +74,14 @@ def test_handle_passes_between_tasks_without_object_store(cluster, tier):
 @ray.remote
 class Owner:
     def put(self, seed):
-        from rayaccel.ray.store import store
+        from rayaccel.ray.worker.store import store
 
         s = store()
         self.h = s.put(_data(seed), name=f"batch-{seed}")
         return self.h
 
     def delete(self):
-        from rayaccel.ray.store import store
+        from rayaccel.ray.worker.store import store
 
         store().delete(self.h)
 
@@ -97,7 +97,7 @@ def test_falls_back_to_ray_object_store_when_segment_is_gone(cluster):
 
 
 def test_driver_store_defaults(cluster, monkeypatch):
-    from rayaccel.ray.store import DEFAULT_DEVICE_BYTES, close_store, store
+    from rayaccel.ray.worker.store import DEFAULT_DEVICE_BYTES, close_store, store
 
     monkeypatch.delenv("RAYACCEL_GPU_MEMORY_BYTES", raising=False)
     s = store()
@@ -114,7 +114,7 @@ def test_driver_store_defaults(cluster, monkeypatch):
 
 def test_bad_env_size_is_named(cluster, monkeypatch):
     from rayaccel.errors import StoreError
-    from rayaccel.ray.store import store
+    from rayaccel.ray.worker.store import store
 
     monkeypatch.setenv("RAYACCEL_GPU_MEMORY_BYTES", "plenty")
     with pytest.raises(StoreError, match="RAYACCEL_GPU_MEMORY_BYTES"):

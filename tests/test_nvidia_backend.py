@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rayaccel.discovery import fakenvml
-from rayaccel.discovery.fakenvml import FakeNVML, is_nvswitch_topology
+from rayaccel.testing import fakenvml
+from rayaccel.testing.fakenvml import FakeNVML, is_nvswitch_topology
 from rayaccel.discovery.nvidia import NvidiaBackend
 from rayaccel.errors import BackendError, BackendUnavailable
 from rayaccel.topology import Device, MigProfile, NodeTopology, Partition, make_link

@@ -54,7 +54,6 @@ def test_resource_names_and_variables_are_rays(vendor, monkeypatch):
 
 def test_unit_instance_resources_are_in_rays_default_list():
     from rayaccel.ray import _ray_private as rp
-
     for spec in BUILTIN_SPECS.values():
         assert spec.resource == "GPU" or spec.resource in rp.UNIT_INSTANCE_DEFAULT
 

@@ -7,7 +7,7 @@ import importlib.metadata
 import pytest
 
 from rayaccel.discovery import Backend, BackendInfo, backends, discover, get_backend, register_backend, registry
-from rayaccel.discovery.fakenvml import FakeNVML
+from rayaccel.testing.fakenvml import FakeNVML
 from rayaccel.discovery.nvidia import NvidiaBackend
 from rayaccel.errors import BackendError, BackendUnavailable, PluginError
 from rayaccel.topology import Device, NodeTopology, make_link

@@ -43,7 +43,7 @@ _LAZY = {
     "remote": "rayaccel.ray",
     "gang": "rayaccel.ray",
     "get_devices": "rayaccel.ray",
-    "store": "rayaccel.ray.store",
+    "store": "rayaccel.ray.worker.store",
 }
 
 __all__ = sorted(["__version__", *_LAZY])

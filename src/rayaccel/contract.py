@@ -1,4 +1,11 @@
-"""Names every part of the Ray layer relies on (no ``ray`` import, nothing heavy: the worker hook uses it).
+"""The node's contract: every name that crosses a process boundary, in one place (stdlib only).
+
+A rayaccel node is a Ray node plus a few agreements between the processes that make it: the
+``rayaccel start`` / ``rayaccel.init`` process that starts the raylet, the raylet's workers (the hook),
+the node's agent, and any driver. This module holds those agreements -- environment variables,
+the node directory's file names, GCS key-value keys, label keys, drain names and the format
+version of every record another process reads -- so none of them is a literal anywhere else.
+Nothing here imports anything of rayaccel or ``ray``: the worker hook pays for every line.
 
 A rayaccel node advertises to Ray (:mod:`.record` computes it):
 
@@ -17,9 +24,38 @@ Labels (Ray's label syntax: <= 63 chars of ``[A-Za-z0-9._-]``): ``rayaccel.io/no
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 
+# ---------------------------------------------------------------- environment variables
+#: The node's private directory (record, table, arbiter state); set in the raylet's environment.
+NODE_DIR_ENV = "RAYACCEL_NODE_DIR"
+#: The node's key (12 hex chars); set in the raylet's environment.
+NODE_KEY_ENV = "RAYACCEL_NODE_KEY"
+#: A simulated topology for discovery (catalog name or file): ``RAYACCEL_TOPOLOGY=dgx1-v100``.
+TOPOLOGY_ENV = "RAYACCEL_TOPOLOGY"
+#: Where nodes keep their private directories and stores (default: /dev/shm or the temp dir).
+STATE_DIR_ENV = "RAYACCEL_STATE_DIR"
+#: A ``gpu_memory`` share's bytes, for the tiered store's device budget inside a worker.
+GPU_MEMORY_ENV = "RAYACCEL_GPU_MEMORY_BYTES"
+#: Forces the tensor transport's path (diagnostics): ``ipc``, ``shm``, ``nixl`` or ``object_store``.
+RDT_PATH_ENV = "RAYACCEL_RDT_PATH"
+#: Where the kernel lists this host's RDMA devices, and the variable naming another place (a container
+#: that mounts sysfs elsewhere). UCX is told only of NICs listed there: a NIC of a simulated topology is
+#: not the host's, and UCX given one fails (NIXL: ``NIXL_ERR_BACKEND``).
+IB_DIR = "/sys/class/infiniband"
+IB_DIR_ENV = "RAYACCEL_IB_DIR"
+#: The NIC variable UCX (and so NIXL, RDT's NIXL transport) reads.
+UCX_NET_DEVICES = "UCX_NET_DEVICES"
+#: The module every worker of a rayaccel node preloads (``RAY_preload_python_modules``).
+HOOK_MODULE = "rayaccel.ray.worker.hook"
+#: Functions of this module are ``rayaccel.remote`` work: their set-up decides their grant.
+REMOTE_MODULE = "rayaccel.ray.driver.tasks."
+#: Placeholder ids the raylet's visible-devices variable holds, so unhooked workers see no GPU.
+UNHOOKED_PREFIX = "rayaccel-unhooked-"
+
+# ---------------------------------------------------------------- GCS, labels, names
 NAMESPACE = "rayaccel"
 NODE_KEY_PREFIX = "rayaccel_node_"
 LABEL_PREFIX = "rayaccel.io/"
@@ -29,11 +65,31 @@ NODE_PIN = 0.001
 #: Name prefix of drain placeholder actors: ``rayaccel-drain-<node key>-<device>``.
 DRAIN_PREFIX = "rayaccel-drain-"
 
+# ---------------------------------------------------------------- the node directory
+#: The node's record (:class:`rayaccel.ray.record.NodeRecord`, JSON).
+RECORD_FILE = "record.json"
+#: The node table a worker reads (:mod:`rayaccel.arbiter.table`).
+TABLE_FILE = "table.json"
+#: The arbiter's state and its lock (:mod:`rayaccel.arbiter.statefile`).
+STATE_FILE = "arbiter.state"
+LOCK_FILE = "arbiter.lock"
+
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
-__all__ = ["NAMESPACE", "NODE_KEY_PREFIX", "NODE_PIN", "drain_name", "drain_target", "kv_key", "label_value",
-           "new_node_key", "node_resource", "valid_key"]
+__all__ = ["DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
+           "NAMESPACE", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL", "NODE_KEY_PREFIX", "NODE_PIN",
+           "RDT_PATH_ENV", "RECORD_FILE", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
+           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "drain_name", "drain_target", "host_rdma_devices",
+           "kv_key", "label_value", "new_node_key", "node_resource", "valid_key"]
+
+
+def host_rdma_devices() -> frozenset[str]:
+    """The RDMA devices this host has (``mlx5_0``, ...), from sysfs (:data:`IB_DIR_ENV`); empty when none."""
+    try:
+        return frozenset(os.listdir(os.environ.get(IB_DIR_ENV) or IB_DIR))
+    except OSError:
+        return frozenset()
 
 
 def node_resource(node_key: str) -> str:

@@ -3,7 +3,7 @@
 Ray's Prometheus endpoint prefixes custom metrics with ``ray_``: a dashboard queries
 :func:`exported` names (``ray_rayaccel_device_state`` ...), and a histogram as its
 ``_bucket`` / ``_sum`` / ``_count`` series (:func:`series`). Exported by the node agent
-(:mod:`rayaccel.ray.metrics`); used by ``dashboards/rayaccel-grafana.json``, whose test
+(:mod:`rayaccel.ray.node.metrics`); used by ``dashboards/rayaccel-grafana.json``, whose test
 checks that every query names only these. The tensor transport's counters
 (``rayaccel_transport_*``) are exported by the process that pulls the tensors
 (:mod:`rayaccel.ray.rdt.telemetry`), one series per node and path.
@@ -29,7 +29,7 @@ ARBITER_DECISION_QUALITY = "rayaccel_arbiter_decision_quality"
 GRANTS_WAITING = "rayaccel_grants_waiting"
 #: gauge, tag node: GPU slots held by workers that run without the rayaccel hook.
 UNHOOKED_GPU_SLOTS = "rayaccel_unhooked_gpu_slots"
-#: counter, tags node, device, kind: device health events (kinds: :data:`rayaccel.discovery.health.KINDS`).
+#: counter, tags node, device, kind: device health events (kinds: :data:`rayaccel.health.KINDS`).
 HEALTH_EVENTS_TOTAL = "rayaccel_health_events_total"
 
 #: counter, tags node, path: tensor bytes the ``rayaccel`` transport delivered, per path (:data:`rayaccel.transfer.TENSOR_PATHS`).

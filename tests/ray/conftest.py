@@ -49,7 +49,7 @@ def ray_env():
 def sim_cluster(ray_env):
     import ray
 
-    from rayaccel.ray.cluster import SimulatedCluster
+    from rayaccel.ray.driver.cluster import SimulatedCluster
 
     if ray.is_initialized():
         ray.shutdown()
@@ -73,8 +73,7 @@ def cluster(sim_cluster):
     """The session cluster, checked idle before and after the test (nothing leaked)."""
     import ray
 
-    from rayaccel.ray import view
-
+    from rayaccel.ray.driver import view
     if not ray.is_initialized():  # another module's cluster ran in between: reconnect
         ray.init(address=sim_cluster.address, logging_level="ERROR", log_to_driver=False)
         view.reset()

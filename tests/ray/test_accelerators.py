@@ -54,7 +54,7 @@ def accel(ray_env, acme_site):
 
     from rayaccel import catalog
     from rayaccel.discovery import registry
-    from rayaccel.ray.cluster import SimulatedCluster
+    from rayaccel.ray.driver.cluster import SimulatedCluster
 
     import acme_accelerator  # noqa: F401 - installed by acme_site
 
@@ -350,8 +350,7 @@ def test_the_plugins_accelerator_runs_unchanged_ray_code_on_its_best_linked_unit
 
 
 def test_status_lists_every_accelerator_node(accel):
-    from rayaccel.ray import status
-
+    from rayaccel.ray.driver import status
     rows = {r["name"]: r for r in status.cluster_status()["nodes"]}
     for name, resource in (("trn1-32xlarge", "neuron_cores"), ("tpu-v6e-8", "TPU"), ("gaudi2-hls2-8x", "HPU"),
                            ("atlas-800-910a-8x", "NPU"), ("acme-t4-8x", "ACME")):

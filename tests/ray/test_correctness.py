@@ -118,8 +118,7 @@ def _train(out, cluster):
 
 
 def _free_on(node_key):
-    from rayaccel.ray import agent
-
+    from rayaccel.ray.node import agent
     import ray
 
     return set(ray.get(agent.handle(node_key).snapshot.remote()).free)
@@ -159,7 +158,7 @@ def test_work_on_a_removed_node_is_retried_on_a_live_one(cluster):
         time.sleep(2.0)
         return ray.get_runtime_context().get_node_id()
 
-    from rayaccel.ray.view import view
+    from rayaccel.ray.driver.view import view
 
     view().invalidate()
     ref = long.remote()  # the H100 box is the best (NV18 everywhere): it lands there first

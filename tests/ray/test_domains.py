@@ -36,8 +36,8 @@ def _domains():
 def trays(ray_env):
     import ray
 
-    from rayaccel.ray.cluster import SimulatedCluster
-    from rayaccel.ray.places import place_labels
+    from rayaccel.ray.driver.cluster import SimulatedCluster
+    from rayaccel.ray.driver.places import place_labels
 
     if ray.is_initialized():  # the session cluster's driver connection: this module brings its own cluster
         ray.shutdown()

@@ -41,7 +41,7 @@ def _idle():
     may still be exiting after Ray freed its slot, and its device stays its own until it has (never double-booked)."""
     import ray
 
-    from rayaccel.ray.view import view
+    from rayaccel.ray.driver.view import view
 
     if ray.available_resources().get("GPU", 0) != ray.cluster_resources().get("GPU", 0):
         return False

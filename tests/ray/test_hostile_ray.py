@@ -21,7 +21,7 @@ import pytest
 from raytest_helpers import node_named, wait_for
 
 import rayaccel
-from rayaccel.ray.names import NAMESPACE, kv_key
+from rayaccel.contract import NAMESPACE, kv_key
 
 pytestmark = pytest.mark.ray
 
@@ -40,8 +40,7 @@ def _get(key):
 
 @pytest.fixture
 def fresh_view():
-    from rayaccel.ray import view
-
+    from rayaccel.ray.driver import view
     view.reset()
     yield
     view.reset()
@@ -52,7 +51,7 @@ def fresh_view():
 def test_a_corrupt_record_degrades_only_its_node(cluster, fresh_view, bad):
     import ray
 
-    from rayaccel.ray.status import cluster_status
+    from rayaccel.ray.driver.status import cluster_status
 
     pcie = node_named(cluster, "pcie-8gpu-2socket")
     good = _get(pcie.node_key)
@@ -79,7 +78,7 @@ def test_a_lying_record_is_not_trusted(cluster, fresh_view):
 
     from rayaccel import catalog
     from rayaccel.ray.record import NodeRecord
-    from rayaccel.ray.status import cluster_status
+    from rayaccel.ray.driver.status import cluster_status
     from rayaccel.topology import NodeTopology
 
     pcie = node_named(cluster, "pcie-8gpu-2socket")
@@ -145,8 +144,7 @@ def test_restarting_rayaccel_machinery_never_reruns_a_task(cluster, tmp_path):
     """The node agent is killed (it restarts) while tasks run: each runs exactly once."""
     import ray
 
-    from rayaccel.ray import agent
-
+    from rayaccel.ray.node import agent
     dgx = node_named(cluster, "dgx1-v100")
     out = tmp_path / "runs"
     out.mkdir()
@@ -181,7 +179,7 @@ def test_restarting_rayaccel_machinery_never_reruns_a_task(cluster, tmp_path):
 ], ids=["holder-not-object", "devices-not-indices", "drain-not-object", "share-not-number", "free-not-list"])
 def test_a_malformed_published_snapshot_degrades_only_its_node(cluster, fresh_view, bad):
     from rayaccel.ray.kv import parse_state
-    from rayaccel.ray.status import cluster_status
+    from rayaccel.ray.driver.status import cluster_status
 
     with pytest.raises(rayaccel.RayaccelError):
         parse_state(json.dumps(bad).encode(), "abcdef123456")

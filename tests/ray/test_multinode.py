@@ -210,7 +210,7 @@ def test_worker_environment_without_rayaccel_sees_no_gpu_and_status_says_so(clus
     """A runtime_env whose workers cannot run the hook (here: told there is no node dir) is fail-safe."""
     import ray
 
-    from rayaccel.ray.status import cluster_status
+    from rayaccel.ray.driver.status import cluster_status
 
     @ray.remote(num_gpus=1, runtime_env={"env_vars": {"RAYACCEL_NODE_DIR": ""}},
                 label_selector={"rayaccel.io/topology": "dgx1-v100"})
@@ -236,7 +236,7 @@ def test_worker_environment_without_rayaccel_sees_no_gpu_and_status_says_so(clus
 def test_status_names_holders(cluster):
     import ray
 
-    from rayaccel.ray.status import cluster_status
+    from rayaccel.ray.driver.status import cluster_status
 
     @ray.remote(num_gpus=1, label_selector={"rayaccel.io/topology": "dgx1-v100"})
     class Holder:
@@ -292,7 +292,7 @@ def test_amd_node_sets_hip_visible_devices_and_xgmi_sets(cluster):
     import ray
 
     from rayaccel.discovery import load_topology
-    from rayaccel.ray.view import view
+    from rayaccel.ray.driver.view import view
 
     path = os.path.join(os.path.dirname(__file__), "..", "data", "captures",
                         "63_rocm-smi-showtopo-8gpu-2x4-xgmi-hives-pcie-between-pyliteral.txt")

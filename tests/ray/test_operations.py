@@ -23,13 +23,12 @@ pytestmark = pytest.mark.ray
 
 
 def _agent(key):
-    from rayaccel.ray import agent
-
+    from rayaccel.ray.node import agent
     return agent.handle(key)
 
 
 def _status():
-    from rayaccel.ray.status import cluster_status
+    from rayaccel.ray.driver.status import cluster_status
 
     return cluster_status()
 
@@ -153,8 +152,8 @@ def test_drain_bad_targets_are_one_error_line(cluster):
 
 
 def test_doctor_passes_on_a_clean_cluster_and_fails_with_a_plain_ray_node(cluster):
-    from rayaccel.ray import doctor
-    from rayaccel.ray.view import view
+    from rayaccel.ray.driver import doctor
+    from rayaccel.ray.driver.view import view
 
     rows = doctor.run()
     assert not [r for r in rows if r.status == "fail"], [r for r in rows if r.status == "fail"]
@@ -177,8 +176,7 @@ def test_doctor_passes_on_a_clean_cluster_and_fails_with_a_plain_ray_node(cluste
 
 
 def test_doctor_fails_on_mixed_versions():
-    from rayaccel.ray import doctor
-
+    from rayaccel.ray.driver import doctor
     rows = doctor.version_rows({"a": {"ray": "2.60.0", "rayaccel": "0.1.0"}, "b": {"ray": "2.59.1", "rayaccel": "0.1.0"}},
                                ray_driver="2.60.0", rayaccel_driver="0.1.0")
     by = {r.name: r for r in rows}

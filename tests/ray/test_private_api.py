@@ -11,8 +11,6 @@ import inspect
 import ray
 
 from rayaccel.ray import _ray_private as rp
-
-
 def test_pinned_ray_version():
     assert ray.__version__.startswith("2.60."), f"rayaccel is checked against Ray 2.60, this is {ray.__version__}"
 

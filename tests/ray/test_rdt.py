@@ -69,7 +69,7 @@ def two_a100(ray_env):
     import ray
 
     import rayaccel.ray  # noqa: F401 - the driver side of the transport (``import rayaccel`` once merged)
-    from rayaccel.ray.cluster import SimulatedCluster
+    from rayaccel.ray.driver.cluster import SimulatedCluster
 
     if ray.is_initialized():
         ray.shutdown()
@@ -137,7 +137,6 @@ def _actors(cluster):
 
             from rayaccel.memory.owners import SHM_DIR
             from rayaccel.ray import rdt
-
             mine = [p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"rayaccel_{os.getpid()}-")]
             store = global_worker.rdt_manager.rdt_store.get_num_objects()
             return {"transport": rdt.produced(), "rdt_store": store, "segments": len(mine)}
@@ -189,7 +188,6 @@ def _actors(cluster):
 
         def stats(self) -> dict:
             from rayaccel.ray import rdt
-
             return rdt.stats()
 
         def warnings(self) -> list:
@@ -285,7 +283,7 @@ def test_every_worker_of_a_rayaccel_node_knows_the_transport(actors):
         from ray.experimental.rdt import util
 
         wrapped = getattr(util._ensure_default_transports_registered, "__rayaccel_wrapped__", False)
-        return wrapped, "rayaccel.ray.hook" in sys.modules, util.normalize_and_validate_tensor_transport("rayaccel")
+        return wrapped, "rayaccel.ray.worker.hook" in sys.modules, util.normalize_and_validate_tensor_transport("rayaccel")
 
     for n in (actors["n0"], actors["n1"]):
         assert ray.get(worker_side.options(scheduling_strategy=actors["pin"](n)).remote()) == (True, True, "RAYACCEL")

@@ -1,6 +1,6 @@
 """The shared formats of a node, typed, with their encoding and validation -- one home for all three.
 
-* :class:`ArbiterState` -- the arbiter's state file (``arbiter.json`` in the node
+* :class:`ArbiterState` -- the arbiter's state file (``arbiter.state`` in the node
   directory): the slot -> unit map of every resource, the holders, placement-group
   reservations, drains. Read and written under the node lock by the arbiter only.
 * :class:`Holder` -- one process's grant in that state.

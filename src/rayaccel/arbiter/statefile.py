@@ -1,6 +1,6 @@
 """The arbiter of one node: the state file and the node lock around the pure transitions of :mod:`.decide`.
 
-The state (``arbiter.json`` in the node directory, on ``/dev/shm`` when available) is
+The state (``arbiter.state`` in the node directory, on ``/dev/shm`` when available) is
 replaced atomically (write + rename) under ``flock`` on ``arbiter.lock``. The lock file
 is opened once per process and kept; after taking the lock a process writes its pid and
 the time into it, so a process waiting longer than :data:`LOCK_WARN_S` can log one
@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 from .._proc import cmdline
 from .._proc import exists as pid_alive  # the arbiter's default liveness test
+from ..contract import LOCK_FILE, STATE_FILE
 from ..errors import ClusterError
 from . import decide as D
 from .choose import TableChooser
@@ -31,8 +32,6 @@ from .state import ArbiterState, LockInfo, Snapshot, StateError, decode_state, e
 from .table import NodeTable
 
 log = logging.getLogger(__name__)
-STATE_FILE = "arbiter.json"
-LOCK_FILE = "arbiter.lock"
 #: One JSON line per decision (time, microseconds, devices, MIG instances), appended; read by the agent.
 DECISION_LOG = "decisions.log"
 #: A grant that has waited this long for the node lock logs who holds it, seconds.

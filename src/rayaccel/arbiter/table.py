@@ -26,10 +26,10 @@ worker's path).
 import json
 from typing import Any, Mapping, NamedTuple
 
+from ..contract import TABLE_FILE
 from .state import StateError
 
 SCHEMA = "rayaccel.table/1"
-TABLE_FILE = "table.json"
 #: Pools up to this many devices get every plain decision precomputed (2**n * n/2 placements).
 PLAN_MAX = 8
 

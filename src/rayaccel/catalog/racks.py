@@ -5,7 +5,7 @@ carries a placeholder cluster UUID. :func:`rack` makes the trays of one rack the
 reports them: each its own hostname and GPU UUIDs, all of them the rack's cluster UUID and clique
 (NVML's ``clusterUuid`` / ``cliqueId``), so :func:`~rayaccel.topology.nvlink_domain` puts them in
 one domain and trays of different racks in different ones. For examples, tests, benchmarks and
-:class:`~rayaccel.ray.cluster.SimulatedCluster` (which takes topologies as they are)::
+:class:`~rayaccel.ray.driver.cluster.SimulatedCluster` (which takes topologies as they are)::
 
     trays = catalog.rack("gb200-nvl72-tray", trays=18, rack=0) + catalog.rack("gb200-nvl72-tray", rack=1)
 """

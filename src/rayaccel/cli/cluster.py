@@ -28,7 +28,7 @@ def _start(ctx: typer.Context,
     from rich.markup import escape
 
     from ..placement.pools import gpu_pool
-    from ..ray.lifecycle import start_node
+    from ..ray.node.lifecycle import start_node
 
     res = start_node(list(ctx.args), topology, publish=not no_publish, network_topology=network_topology,
                      instance_id=instance_id)
@@ -49,7 +49,7 @@ def _start(ctx: typer.Context,
     if block:
         import sys
 
-        from ..ray.lifecycle import block as wait
+        from ..ray.node.lifecycle import block as wait
 
         sys.stdout.flush()
         raise typer.Exit(wait(rec.node_key))
@@ -60,10 +60,9 @@ def _stop(node: Optional[str] = typer.Option(None, "--node", help="Key of the no
           all_nodes: bool = typer.Option(False, "--all", help="Stop every node of the cluster (run on the head)."),
           force: bool = typer.Option(False, "--force", help="SIGKILL at once instead of SIGTERM and a grace period.")) -> None:
     """Stop the Ray processes `rayaccel start` started on this machine -- never other clusters."""
-    from ..ray import processes as lifecycle
-
+    from ..ray.node import processes as lifecycle
     if all_nodes:
-        from ..ray.ops import stop_cluster
+        from ..ray.driver.ops import stop_cluster
 
         for line in stop_cluster(address or _only_local_address(), force=force):
             console.print(line)
@@ -75,8 +74,7 @@ def _stop(node: Optional[str] = typer.Option(None, "--node", help="Key of the no
 
 
 def _only_local_address() -> str:
-    from ..ray import processes as lifecycle
-
+    from ..ray.node import processes as lifecycle
     heads = [n for n in lifecycle.local_nodes() if n.head]
     if len(heads) != 1:
         fail("--all needs the cluster: run it on the head node, or give --address HOST:PORT "
@@ -86,7 +84,7 @@ def _only_local_address() -> str:
 
 def connect(address: str) -> None:
     """Connect this CLI process to the cluster at ``address`` (bounded; one clear error line on failure)."""
-    from ..ray.ops import connect as _connect
+    from ..ray.driver.ops import connect as _connect
 
     _connect(address)
 
@@ -94,8 +92,8 @@ def connect(address: str) -> None:
 def _status(address: str = typer.Option("auto", "--address", help="Ray address to connect to."),
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Every node's devices: free, held (by which task or actor), shared, MIG, drained."""
-    from ..ray import node, status
-
+    from ..ray.driver import init as node
+    from ..ray.driver import status
     connect(address)
     try:
         data = status.cluster_status()

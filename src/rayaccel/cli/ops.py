@@ -22,8 +22,8 @@ def _drain(target: str = typer.Argument(..., metavar="NODE:DEVICE", help="Node k
            kill: bool = typer.Option(False, "--kill", help="Also stop the work running on it (default: let it finish)."),
            address: str = typer.Option("auto", "--address", help="Ray address to connect to.")) -> None:
     """Give a device no new work; it stays held in Ray's ledger until `rayaccel undrain`."""
-    from ..ray import node, ops
-
+    from ..ray.driver import init as node
+    from ..ray.driver import ops
     ops.connect(address)
     try:
         out = ops.drain(target, reason, kill=kill)
@@ -37,8 +37,8 @@ def _drain(target: str = typer.Argument(..., metavar="NODE:DEVICE", help="Node k
 def _undrain(target: str = typer.Argument(..., metavar="NODE:DEVICE"),
              address: str = typer.Option("auto", "--address", help="Ray address to connect to.")) -> None:
     """Give a drained device work again."""
-    from ..ray import node, ops
-
+    from ..ray.driver import init as node
+    from ..ray.driver import ops
     ops.connect(address)
     try:
         was = ops.undrain(target)
@@ -50,8 +50,9 @@ def _undrain(target: str = typer.Argument(..., metavar="NODE:DEVICE"),
 def _doctor(address: str = typer.Option("auto", "--address", help="Ray address to connect to."),
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Check that the cluster is sound: versions, hooks, drivers, CUDA, NCCL, MIG, fabric, P2P, GPUDirect, queues."""
-    from ..ray import doctor, node, ops
-
+    from ..ray.driver import doctor
+    from ..ray.driver import init as node
+    from ..ray.driver import ops
     ops.connect(address)
     try:
         rows = doctor.run()
@@ -80,7 +81,9 @@ def _top(address: str = typer.Option("auto", "--address", help="Ray address to c
          once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
          interval: float = typer.Option(1.0, "--interval", min=0.2, max=60.0, help="Seconds between frames.")) -> None:
     """A live view of every node: devices, links, holders, health, drains, waiting requests (q quits)."""
-    from ..ray import node, ops, status
+    from ..ray.driver import init as node
+    from ..ray.driver import ops
+    from ..ray.driver import status
     from .views import top_frame
 
     ops.connect(address)

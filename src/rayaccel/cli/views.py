@@ -33,7 +33,7 @@ def _lock_line(lock: dict) -> str:
 def domain_groups(nodes: list[dict]) -> list[tuple[Text | None, list[dict]]]:
     """Status rows grouped by NVLink domain (``ray.io/gpu-domain``), groups in order of first appearance,
     nodes without a domain last; each group with a header line. No node in a domain: one group, no header."""
-    from ..ray.places import CLIQUE_LABEL, place_of
+    from ..ray.driver.places import CLIQUE_LABEL, place_of
 
     groups: dict[str | None, list[dict]] = {}
     places = {}
@@ -139,7 +139,7 @@ def top_frame(data: dict, topologies: dict | None = None) -> Any:
     """One frame of ``rayaccel top``: every node's devices, links, holders, health, drains and waiting grants."""
     from rich.console import Group
 
-    from ..ray.view import view
+    from ..ray.driver.view import view
 
     topos = topologies if topologies is not None else {n.node_key: n.topology for n in view().nodes()}
     parts: list[Any] = [Text(f"rayaccel top  {time.strftime('%H:%M:%S')}  (q quits)", style="bold")]

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from .. import catalog
 from ..placement import allreduce_bandwidth_gbps
-from ..ray.cluster import SimulatedCluster
+from ..ray.driver.cluster import SimulatedCluster
 from . import workload
 
 __all__ = ["MACHINE", "run_demo"]

@@ -3,11 +3,11 @@
 * :mod:`.registry` -- the :class:`Backend` protocol and the registry fed by the
   ``rayaccel.backends`` entry-point group (built-ins go through the same path).
 * :mod:`.nvidia`, :mod:`.amd`, :mod:`.simulated` -- the built-in backends.
-* :mod:`.fakenvml` -- a public fake NVML answering nvidia-ml-py's calls from a topology
-  (and :mod:`.fakeamdsmi`, the same for amdsmi); both can inject health faults.
-* :mod:`.health` -- device health: :func:`~.health.probe_for` over the probes
-  (:mod:`.health_nvml`, :mod:`.health_amd`), which report :class:`~.health_events.HealthEvent`
-  (:mod:`.health_events`: the kinds, the probe contract). See docs/health.md.
+* :mod:`.tools`, :mod:`.tpu` -- Neuron, Gaudi and Ascend (their tools), TPU (sysfs + metadata).
+* :mod:`.network` -- a node's network levels and NVLink domain, as Ray labels.
+
+Device health lives in :mod:`rayaccel.health`; the public fakes of vendor libraries (``FakeNVML``,
+``FakeAmdSmi``) in :mod:`rayaccel.testing`.
 * :mod:`.capture` -- importers of text captures (``nvidia-smi topo -m`` and friends).
 * :mod:`.load` -- :func:`load_topology`: a catalog name, a topology JSON file or text captures.
 * :mod:`.rayspec` -- :class:`RaySpec`: how each accelerator family appears to Ray (resource,

@@ -83,7 +83,7 @@ class AmdBackend:
 
     Args:
         amdsmi: an object with amdsmi's Python API (e.g.
-            :class:`~rayaccel.discovery.fakeamdsmi.FakeAmdSmi`); None imports ``amdsmi`` lazily.
+            :class:`~rayaccel.testing.fakeamdsmi.FakeAmdSmi`); None imports ``amdsmi`` lazily.
         sysfs_root: where ``bus/pci/devices/<bdf>/{numa_node,local_cpulist}`` are read.
     """
 

@@ -131,7 +131,7 @@ class NvidiaBackend:
 
     Args:
         nvml: an object with nvidia-ml-py's ``pynvml`` API (e.g.
-            :class:`~rayaccel.discovery.fakenvml.FakeNVML`); None imports ``pynvml`` lazily.
+            :class:`~rayaccel.testing.fakenvml.FakeNVML`); None imports ``pynvml`` lazily.
         sysfs_root: where ``bus/pci/devices/<bus>/numa_node`` is read when NVML
             cannot tell a device's NUMA node.
     """

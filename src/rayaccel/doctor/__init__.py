@@ -62,7 +62,7 @@ def local_checks(topology: NodeTopology, *, simulated: bool, nvml: Any = None, a
     Args:
         topology: the node's published topology (what rayaccel believes it has).
         simulated: the node has no hardware: every check is ``n/a``.
-        nvml: a ``pynvml``-like module (e.g. a :class:`~rayaccel.discovery.fakenvml.FakeNVML`);
+        nvml: a ``pynvml``-like module (e.g. a :class:`~rayaccel.testing.fakenvml.FakeNVML`);
             None imports ``pynvml``.
         amdsmi: an ``amdsmi``-like module; None imports ``amdsmi``.
         torch_module: the ``torch`` module to inspect; None imports it (absent: ``n/a``).

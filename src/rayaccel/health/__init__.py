@@ -5,7 +5,7 @@ What can go wrong, as events (the kinds and their severities, :class:`HealthEven
 :func:`probe_for` picks the probe for a topology: :class:`~.health_nvml.NvmlHealthProbe`
 for NVIDIA devices, :class:`~.health_amd.AmdHealthProbe` for AMD ones (both at once, as a
 :class:`MultiProbe`, on a mixed node); on a simulated node they run over
-:class:`~.fakenvml.FakeNVML` / :class:`~.fakeamdsmi.FakeAmdSmi`, so faults injected into
+:class:`~rayaccel.testing.fakenvml.FakeNVML` / :class:`~rayaccel.testing.fakeamdsmi.FakeAmdSmi`, so faults injected into
 the fake reach the caller through the real probe code.
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import BackendError
-from ..topology import NodeTopology
-from .health_amd import AmdHealthProbe
-from .health_events import (APPLICATION_XIDS, KIND_SEVERITY, KINDS, SEVERITIES, THROTTLE_REARM_S, XID_DESCRIPTIONS,
+from rayaccel.errors import BackendError
+from rayaccel.topology import NodeTopology
+from rayaccel.health.amd import AmdHealthProbe
+from rayaccel.health.events import (APPLICATION_XIDS, KIND_SEVERITY, KINDS, SEVERITIES, THROTTLE_REARM_S, XID_DESCRIPTIONS,
                             Edges, HealthEvent, HealthProbe, check_timeout, classify_xid, xid_detail)
-from .health_nvml import NvmlHealthProbe
+from rayaccel.health.nvml import NvmlHealthProbe
 
 
 class MultiProbe:
@@ -48,8 +48,8 @@ def probe_for(topology: NodeTopology, *, nvml: Any = None, amdsmi: Any = None, s
     Args:
         topology: the node's devices (indices are what events carry).
         nvml: a ``pynvml``-like module for the NVIDIA devices (e.g. a
-            :class:`~.fakenvml.FakeNVML` to inject faults into); None imports ``pynvml``.
-        amdsmi: an ``amdsmi``-like module for the AMD devices (e.g. a :class:`~.fakeamdsmi.FakeAmdSmi`).
+            :class:`~rayaccel.testing.fakenvml.FakeNVML` to inject faults into); None imports ``pynvml``.
+        amdsmi: an ``amdsmi``-like module for the AMD devices (e.g. a :class:`~rayaccel.testing.fakeamdsmi.FakeAmdSmi`).
         simulated: the node has no hardware: vendor modules not given are fakes of ``topology``
             (reach them as ``probe.nvml`` / ``probe.amdsmi``).
         clock: the time source for :attr:`HealthEvent.at` (default ``time.time``).
@@ -63,14 +63,14 @@ def probe_for(topology: NodeTopology, *, nvml: Any = None, amdsmi: Any = None, s
     probes: list[Any] = []
     if "nvidia" in vendors:
         if nvml is None and simulated:
-            from .fakenvml import FakeNVML  # only simulated nodes need the fakes (~20 ms to import)
+            from rayaccel.testing.fakenvml import FakeNVML  # only simulated nodes need the fakes (~20 ms to import)
 
             nvml = FakeNVML(topology.subset(d.index for d in topology.devices if d.vendor == "nvidia")
                             if vendors != {"nvidia"} else topology)
         probes.append(NvmlHealthProbe(topology, nvml=nvml, **kw))
     if "amd" in vendors:
         if amdsmi is None and simulated:
-            from .fakeamdsmi import FakeAmdSmi  # only simulated nodes need the fakes
+            from rayaccel.testing.fakeamdsmi import FakeAmdSmi  # only simulated nodes need the fakes
 
             amdsmi = FakeAmdSmi(topology.subset(d.index for d in topology.devices if d.vendor == "amd")
                                 if vendors != {"amd"} else topology)

@@ -42,10 +42,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..errors import BackendError, BackendUnavailable
-from ..topology import NodeTopology
-from .health_events import KIND_SEVERITY, THROTTLE_REARM_S, Edges, HealthEvent, check_timeout
-from .nvidia import _bus_key
+from rayaccel.errors import BackendError, BackendUnavailable
+from rayaccel.topology import NodeTopology
+from rayaccel.health.events import KIND_SEVERITY, THROTTLE_REARM_S, Edges, HealthEvent, check_timeout
+from rayaccel.discovery.nvidia import _bus_key
 
 log = logging.getLogger(__name__)
 _INSTALL_HINT = "pip install amdsmi (the version matching your ROCm), on a machine with ROCm and the amdgpu driver"
@@ -84,7 +84,7 @@ class AmdHealthProbe:
 
     Args:
         topology: the node's devices; only those with ``vendor == "amd"`` are watched.
-        amdsmi: an ``amdsmi``-like module (a :class:`~.fakeamdsmi.FakeAmdSmi` in tests); None imports it.
+        amdsmi: an ``amdsmi``-like module (a :class:`~rayaccel.testing.fakeamdsmi.FakeAmdSmi` in tests); None imports it.
         throttle_rearm_s: how long a throttle flag must stay clear before it is reported again.
         clock: time source for :attr:`HealthEvent.at`.
 

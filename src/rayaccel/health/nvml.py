@@ -42,12 +42,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import BackendError, BackendUnavailable
-from ..topology import Device, NodeTopology
-from .health_events import (
+from rayaccel.errors import BackendError, BackendUnavailable
+from rayaccel.topology import Device, NodeTopology
+from rayaccel.health.events import (
     APPLICATION_XIDS, KIND_SEVERITY, THROTTLE_REARM_S, Edges, HealthEvent, check_timeout, classify_xid, xid_detail,
 )
-from .nvidia import _bus_key, _text
+from rayaccel.discovery.nvidia import _bus_key, _text
 
 log = logging.getLogger(__name__)
 _INSTALL_HINT = "pip install nvidia-ml-py, on a machine with the NVIDIA driver"
@@ -93,7 +93,7 @@ class NvmlHealthProbe:
 
     Args:
         topology: the node's devices; only those with ``vendor == "nvidia"`` are watched.
-        nvml: a ``pynvml``-like module (a :class:`~.fakenvml.FakeNVML` in tests and on simulated
+        nvml: a ``pynvml``-like module (a :class:`~rayaccel.testing.fakenvml.FakeNVML` in tests and on simulated
             nodes); None imports ``pynvml``.
         application_xids: Xids reported as warnings instead of critical.
         throttle_rearm_s: how long a throttle reason must stay clear before it is reported again.

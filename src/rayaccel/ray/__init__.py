@@ -22,20 +22,20 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "init": "rayaccel.ray.node",
-    "shutdown": "rayaccel.ray.node",
-    "remote": "rayaccel.ray.tasks",
-    "gang": "rayaccel.ray.gangs",
-    "Gang": "rayaccel.ray.gangs",
-    "get_devices": "rayaccel.ray.worker",
-    "Assignment": "rayaccel.ray.worker",
-    "SimulatedCluster": "rayaccel.ray.cluster",
-    "cluster_status": "rayaccel.ray.status",
+    "init": "rayaccel.ray.driver.init",
+    "shutdown": "rayaccel.ray.driver.init",
+    "remote": "rayaccel.ray.driver.tasks",
+    "gang": "rayaccel.ray.driver.gangs",
+    "Gang": "rayaccel.ray.driver.gangs",
+    "get_devices": "rayaccel.ray.worker.devices",
+    "Assignment": "rayaccel.ray.worker.devices",
+    "SimulatedCluster": "rayaccel.ray.driver.cluster",
+    "cluster_status": "rayaccel.ray.driver.status",
 }
 
 __all__ = sorted(_LAZY)
 
-from . import rdt as _rdt  # noqa: E402 - stdlib only; after the names above
+from rayaccel.ray import rdt as _rdt
 
 _rdt.install()
 

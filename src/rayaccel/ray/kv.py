@@ -13,11 +13,11 @@ Ray, makes that one node unusable for rayaccel (named in ``status`` and
 
 from __future__ import annotations
 
-from ..arbiter.state import Snapshot, decode_snapshot, encode_snapshot
-from ..errors import ClusterError
-from . import _ray_private as rp
-from .names import NAMESPACE, kv_key
-from .record import NodeRecord
+from rayaccel.arbiter.state import Snapshot, decode_snapshot, encode_snapshot
+from rayaccel.errors import ClusterError
+from rayaccel.ray import _ray_private as rp
+from rayaccel.contract import NAMESPACE, kv_key
+from rayaccel.ray.record import NodeRecord
 
 STATE_PREFIX = "state/"
 

@@ -13,12 +13,12 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..discovery.network import domain_labels
-from ..discovery.rayspec import RaySpec, ray_node_resources, spec_for
-from ..errors import BackendError, TopologyError
-from ..placement.pools import gpu_pool, mig_pools
-from ..topology import NodeTopology
-from .names import LABEL_PREFIX, NODE_KEY_LABEL, label_value, node_resource, valid_key
+from rayaccel.discovery.network import domain_labels
+from rayaccel.discovery.rayspec import RaySpec, ray_node_resources, spec_for
+from rayaccel.errors import BackendError, TopologyError
+from rayaccel.placement.pools import gpu_pool, mig_pools
+from rayaccel.topology import NodeTopology
+from rayaccel.contract import LABEL_PREFIX, NODE_KEY_LABEL, label_value, node_resource, valid_key
 
 log = logging.getLogger(__name__)
 GPU = "GPU"

@@ -1,4 +1,4 @@
-"""What both halves of :class:`~rayaccel.discovery.fakenvml.FakeNVML` share: its handles, ctypes
+"""What both halves of :class:`~rayaccel.testing.fakenvml.FakeNVML` share: its handles, ctypes
 dereferencing, and the rule that decides when it models NVSwitches.
 
 Below :mod:`.fakenvml` (the topology model) and :mod:`._fakenvml_ops` (health, events,
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..topology import NodeTopology
+from rayaccel.topology import NodeTopology
 
 
 @dataclass(frozen=True)

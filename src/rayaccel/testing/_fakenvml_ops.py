@@ -1,8 +1,8 @@
-"""The operations half of :class:`~rayaccel.discovery.fakenvml.FakeNVML`: health, events, doctor facts.
+"""The operations half of :class:`~rayaccel.testing.fakenvml.FakeNVML`: health, events, doctor facts.
 
 Kept apart from the topology model in :mod:`.fakenvml` (one concept per module). Each
 injected condition flows through the same NVML calls a real GPU would answer, so the
-real :class:`~rayaccel.discovery.health_nvml.NvmlHealthProbe` and the doctor's checks run
+real :class:`~rayaccel.health.nvml.NvmlHealthProbe` and the doctor's checks run
 against it unchanged:
 
 =============================================  =====================================================
@@ -40,8 +40,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._fakenvml_handles import _deref, _Handle
-from ._nvml_api import (
+from rayaccel.testing._fakenvml_handles import _deref, _Handle
+from rayaccel.discovery._nvml_api import (
     NVMLError, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_TIMEOUT, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,
     NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE, NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE,
@@ -51,8 +51,8 @@ from ._nvml_api import (
     nvmlEventTypeDoubleBitEccError, nvmlEventTypePState, nvmlEventTypeSingleBitEccError,
     nvmlEventTypeXidCriticalError, nvmlGpuFabricInfo_v2, nvmlGpuFabricInfo_v3,
 )
-from ..topology import FABRIC_STATES
-from .nvidia import _bus_key
+from rayaccel.topology import FABRIC_STATES
+from rayaccel.discovery.nvidia import _bus_key
 
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 

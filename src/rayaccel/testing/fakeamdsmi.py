@@ -9,7 +9,7 @@ topology) raise ``AMDSMI_STATUS_NOT_SUPPORTED``. CPU lists live in sysfs, not in
 amdsmi; :meth:`FakeAmdSmi.write_sysfs` writes them into a directory tree.
 
 Health conditions can be injected (device = topology device index) and reach the real
-:class:`~rayaccel.discovery.health_amd.AmdHealthProbe` through amdsmi's own calls:
+:class:`~rayaccel.health.amd.AmdHealthProbe` through amdsmi's own calls:
 
 =================================================  =================================================
 injection                                          what amdsmi then answers
@@ -37,8 +37,8 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from ..topology import NodeTopology
-from .amd import XGMI_LINK_MBPS
+from rayaccel.topology import NodeTopology
+from rayaccel.discovery.amd import XGMI_LINK_MBPS
 
 AMDSMI_STATUS_NOT_SUPPORTED = 2
 AMDSMI_STATUS_INVAL = 1

@@ -26,7 +26,7 @@ Faults can be injected with :meth:`FakeNVML.fail` (e.g. a lost GPU, a timeout). 
 conditions (Xid events, ECC, row remapping, retired pages, throttling, NVLink down, a lost
 GPU), the NVML event API and the facts ``rayaccel doctor`` reads (driver/CUDA/NVML
 versions, persistence, pending MIG mode, fabric overrides, P2P status) come from
-:class:`~rayaccel.discovery._fakenvml_ops.FakeNVMLOps`, whose docstring lists every injection.
+:class:`~rayaccel.testing._fakenvml_ops.FakeNVMLOps`, whose docstring lists every injection.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..topology import Device, Link, MigProfile, NodeTopology, Partition
-from . import _nvml_api
-from ._fakenvml_handles import _deref, _Handle, is_nvswitch_topology
-from ._fakenvml_ops import FakeNVMLOps
-from ._nvml_api import (
+from rayaccel.topology import Device, Link, MigProfile, NodeTopology, Partition
+from rayaccel.discovery import _nvml_api
+from rayaccel.testing._fakenvml_handles import _deref, _Handle, is_nvswitch_topology
+from rayaccel.testing._fakenvml_ops import FakeNVMLOps
+from rayaccel.discovery._nvml_api import (
     NVMLError, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNINITIALIZED, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,
     NVML_GPU_INSTANCE_PROFILE_COUNT, NVML_NVLINK_DEVICE_TYPE_GPU, NVML_NVLINK_DEVICE_TYPE_SWITCH,

@@ -22,12 +22,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RequestError, Unsatisfiable
-from ..placement import Rejection, allocate, place
-from ..placement.pools import gpu_pool, mig_resource
-from .names import LABEL_PREFIX, NODE_KEY_LABEL
-from .places import place_of
-from .view import NodeView, claims, node_state, view
+from rayaccel.errors import RequestError, Unsatisfiable
+from rayaccel.placement import Rejection, allocate, place
+from rayaccel.placement.pools import gpu_pool, mig_resource
+from rayaccel.contract import LABEL_PREFIX, NODE_KEY_LABEL
+from rayaccel.ray.driver.places import place_of
+from rayaccel.ray.driver.view import NodeView, claims, node_state, view
 
 #: Ray's resource precision (``num_gpus`` is kept to 4 decimals).
 RAY_PRECISION = 10_000

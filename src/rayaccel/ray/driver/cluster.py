@@ -22,12 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import ClusterError
-from ..placement.pools import gpu_pool
-from ..topology import NodeTopology
-from . import agent, kv, nodedir, view
-from .node import node_env, prepare, resolve_topology
-from .record import NodeRecord, node_labels, node_resources
+from rayaccel.errors import ClusterError
+from rayaccel.placement.pools import gpu_pool
+from rayaccel.topology import NodeTopology
+from rayaccel.ray import kv
+from rayaccel.ray.node import agent
+from rayaccel.ray.node import nodedir
+from rayaccel.ray.driver import view
+from rayaccel.ray.node.start import node_env, prepare, resolve_topology
+from rayaccel.ray.record import NodeRecord, node_labels, node_resources
 
 
 @dataclass
@@ -70,7 +73,7 @@ class SimulatedCluster:
         metrics_export_port: the head's Prometheus endpoint port (None: Ray picks one).
         labels: extra Ray labels per node, in the order of ``topologies`` (None or a shorter
             list: none for the rest), e.g. ``ray.io/gpu-domain`` for trays of one NVLink domain
-            (:func:`rayaccel.ray.places.place_labels`). They override rayaccel's own labels.
+            (:func:`rayaccel.ray.driver.places.place_labels`). They override rayaccel's own labels.
         ray_init_kwargs: passed to ``ray.init`` when connecting.
 
     Raises:

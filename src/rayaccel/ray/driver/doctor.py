@@ -17,10 +17,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from .._version import __version__ as _rayaccel_version
+from rayaccel._version import __version__ as _rayaccel_version
 
-from . import agent
-from .view import view
+from rayaccel.ray.node import agent
+from rayaccel.ray.driver.view import view
 
 #: GPU requests waiting longer than this are reported, seconds.
 PENDING_S = 60.0

@@ -49,14 +49,14 @@ import time
 import uuid
 from typing import Any, Callable
 
-from ..errors import ClusterError, RequestError, Unsatisfiable
-from ..placement import place_gang
-from ..placement.pools import gpu_pool
-from .names import NODE_PIN, node_resource
-from .places import place_of
-from .tasks import REQUEST_FIELDS
-from .view import claims, node_state, view
-from .gang_worker import GangWorker
+from rayaccel.errors import ClusterError, RequestError, Unsatisfiable
+from rayaccel.placement import place_gang
+from rayaccel.placement.pools import gpu_pool
+from rayaccel.contract import NODE_PIN, node_resource
+from rayaccel.ray.driver.places import place_of
+from rayaccel.ray.driver.tasks import REQUEST_FIELDS
+from rayaccel.ray.driver.view import claims, node_state, view
+from rayaccel.ray.worker.gang import GangWorker
 
 log = logging.getLogger(__name__)
 _WORKER_CLS: Any = None

@@ -13,10 +13,11 @@ import socket
 import threading
 from typing import Any
 
-from ..errors import ClusterError
-from . import agent, processes as lifecycle
-from .node import init, shutdown
-from .view import view
+from rayaccel.errors import ClusterError
+from rayaccel.ray.node import agent
+from rayaccel.ray.node import processes as lifecycle
+from rayaccel.ray.driver.init import init, shutdown
+from rayaccel.ray.driver.view import view
 
 CONNECT_TIMEOUT_S = 10.0
 _ADDR = re.compile(r"^(?:ray://)?(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")

@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 from typing import Mapping
 
-from ..errors import RequestError
-from ..placement.domains import NOWHERE, NodePlace
+from rayaccel.errors import RequestError
+from rayaccel.placement.domains import NOWHERE, NodePlace
 
 DOMAIN_LABEL = "ray.io/gpu-domain"
 CLIQUE_LABEL = "rayaccel.io/nvlink-clique"

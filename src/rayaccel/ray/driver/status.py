@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..arbiter.state import Snapshot, device_state
-from ..placement.pools import gpu_pool
-from . import agent
-from .record import node_spec
-from .view import view
+from rayaccel.arbiter.state import Snapshot, device_state
+from rayaccel.placement.pools import gpu_pool
+from rayaccel.ray.node import agent
+from rayaccel.ray.record import node_spec
+from rayaccel.ray.driver.view import view
 
 #: How long ``status`` waits for each node agent, seconds.
 AGENT_TIMEOUT_S = 5.0

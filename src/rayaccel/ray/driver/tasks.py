@@ -26,11 +26,11 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import RequestError
-from ..memory.handle import Handle
-from ..placement import Request
-from . import claim as claims
-from .worker import Assignment
+from rayaccel.errors import RequestError
+from rayaccel.memory.handle import Handle
+from rayaccel.placement import Request
+from rayaccel.ray.driver import claim as claims
+from rayaccel.ray.worker.devices import Assignment
 
 #: rayaccel's own options; everything else goes to Ray (``num_gpus`` is a synonym of ``gpus``).
 REQUEST_FIELDS = ("gpus", "mig", "gpu_memory", "interconnect", "same_numa", "vendor", "model", "nic", "exclusive",
@@ -213,7 +213,7 @@ class RemoteFunction:
             fn = self._fn
 
             def rayaccel_task(_rayaccel_spec, *args, **kwargs):
-                from rayaccel.ray.worker import run_task  # runs in the worker (this closure travels by value)
+                from rayaccel.ray.worker.devices import run_task  # runs in the worker (this closure travels by value)
 
                 return run_task(fn, _rayaccel_spec, args, kwargs)
 
@@ -272,7 +272,7 @@ class RemoteFunction:
 def _wrap_class(cls: type) -> type:
     class RayaccelActor(cls):  # type: ignore[misc, valid-type]
         def __init__(self, _rayaccel_spec, *args, **kwargs):
-            from rayaccel.ray.worker import setup  # runs in the worker (the class travels by value)
+            from rayaccel.ray.worker.devices import setup  # runs in the worker (the class travels by value)
 
             setup(_rayaccel_spec)
             super().__init__(*args, **kwargs)

@@ -23,15 +23,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..arbiter.state import Snapshot
-from ..errors import ClusterError, StateError, TopologyError
-from ..placement import NodeState
-from ..placement.pools import gpu_pool
-from ..topology import NodeTopology
-from . import _ray_private as rp
-from .kv import fetch_record, fetch_states, parse_state
-from .names import NODE_KEY_PREFIX, valid_key
-from .record import NodeRecord
+from rayaccel.arbiter.state import Snapshot
+from rayaccel.errors import ClusterError, StateError, TopologyError
+from rayaccel.placement import NodeState
+from rayaccel.placement.pools import gpu_pool
+from rayaccel.topology import NodeTopology
+from rayaccel.ray import _ray_private as rp
+from rayaccel.ray.kv import fetch_record, fetch_states, parse_state
+from rayaccel.contract import NODE_KEY_PREFIX, valid_key
+from rayaccel.ray.record import NodeRecord
 
 log = logging.getLogger(__name__)
 #: How long a bad record is remembered before it is read again (it may be repaired), seconds.

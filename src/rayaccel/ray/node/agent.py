@@ -25,17 +25,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..arbiter import decide as D
-from ..arbiter.state import GPU, Snapshot, held_devices, snapshot_of
-from ..arbiter.statefile import Arbiter, LockTimeout
-from ..arbiter.table import TABLE_FILE, decode_table
-from ..errors import ClusterError
-from . import _ray_private as rp, health, kv, metrics
-from .doctor_node import node_facts
-from .hook import pg_alive
-from .names import drain_name
-from .processes import PROCESSES, _local, stop_local
-from .record import NodeRecord
+from rayaccel.arbiter import decide as D
+from rayaccel.arbiter.state import GPU, Snapshot, held_devices, snapshot_of
+from rayaccel.arbiter.statefile import Arbiter, LockTimeout
+from rayaccel.arbiter.table import TABLE_FILE, decode_table
+from rayaccel.errors import ClusterError
+from rayaccel.ray import _ray_private as rp, kv
+from rayaccel.ray.node import health
+from rayaccel.ray.node import metrics
+from rayaccel.ray.node.doctor import node_facts
+from rayaccel.ray.worker.hook import pg_alive
+from rayaccel.contract import NODE_DIR_ENV, drain_name
+from rayaccel.ray.node.processes import PROCESSES, _local, stop_local
+from rayaccel.ray.record import NodeRecord
 
 log = logging.getLogger(__name__)
 NAMESPACE = "rayaccel"
@@ -57,7 +59,7 @@ class NodeAgent:
 
     def __init__(self, node_key: str, node_dir: str | None = None, period_s: float = PERIOD_S):
         self.node_key = node_key
-        self.dir = node_dir or os.environ.get("RAYACCEL_NODE_DIR")
+        self.dir = node_dir or os.environ.get(NODE_DIR_ENV)
         if not self.dir:
             raise RuntimeError("rayaccel agent: RAYACCEL_NODE_DIR is not set (not a rayaccel node)")
         with open(os.path.join(self.dir, "record.json"), "rb") as f:

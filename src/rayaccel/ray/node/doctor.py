@@ -16,19 +16,17 @@ import platform
 import sys
 from typing import Any
 
-from .._version import __version__ as _rayaccel_version
-from ..doctor import local_checks
-from ..doctor._fabric import domain_summary
-from . import _ray_private as rp
-
-
+from rayaccel._version import __version__ as _rayaccel_version
+from rayaccel.doctor import local_checks
+from rayaccel.doctor._fabric import domain_summary
+from rayaccel.ray import _ray_private as rp
 def node_facts(agent: Any) -> dict:
     """What a node agent reports for the doctor (runs on the node; a JSON-ready dict)."""
-    import ray  # the agent runs inside Ray; importing it here keeps `import rayaccel.ray.doctor_node` cheap
+    import ray  # the agent runs inside Ray; importing it here keeps `import rayaccel.ray.node.doctor` cheap
 
     topology = agent.record.topology
     facts: dict[str, Any] = {"node_key": agent.node_key, "ray": ray.__version__, "rayaccel": _rayaccel_version,
-                             "python": platform.python_version(), "hook": "rayaccel.ray.hook" in sys.modules,
+                             "python": platform.python_version(), "hook": "rayaccel.ray.worker.hook" in sys.modules,
                              "patched": rp._PATCHED, "simulated": agent.record.simulated,
                              "unhooked_slots": agent.last.unhooked_slots if agent.last is not None else 0.0,
                              "health_error": agent.health_error,

@@ -1,12 +1,12 @@
 """Device health on a rayaccel node: a watcher in the node agent that drains unhealthy devices.
 
 :func:`attach` gives a :class:`~.agent.NodeAgent` a :class:`Watcher`: a thread that
-waits on the node's health probe (:func:`rayaccel.discovery.health.probe_for`: NVML
+waits on the node's health probe (:func:`rayaccel.health.probe_for`: NVML
 Xid events, ECC, row remapping, retired pages, a GPU fallen off the bus, thermal
 and power throttling; amdsmi's equivalents). A critical event drains the device
 (:meth:`.agent.NodeAgent.drain`, ``by="health"``) within one poll; a warning is
 only recorded and shown. On a simulated node the probe runs over a
-:class:`~rayaccel.discovery.fakenvml.FakeNVML` (or fake amdsmi) of the node's
+:class:`~rayaccel.testing.fakenvml.FakeNVML` (or fake amdsmi) of the node's
 topology, so the same code path can be exercised by injecting faults
 (:meth:`Watcher.inject`, reached through the agent).
 """
@@ -19,8 +19,8 @@ import time
 from collections import deque
 from typing import Any
 
-from ..discovery import health
-from ..errors import ClusterError
+from rayaccel import health
+from rayaccel.errors import ClusterError
 
 log = logging.getLogger(__name__)
 #: How long one probe wait lasts, seconds (a critical event drains within about this).
@@ -97,12 +97,12 @@ def _probe(agent: Any) -> tuple[Any, Any]:
     vendors = {d.vendor for d in topo.devices}
     if agent.record.simulated:
         if vendors == {"amd"}:
-            from ..discovery.fakeamdsmi import FakeAmdSmi  # simulated nodes only
+            from rayaccel.testing.fakeamdsmi import FakeAmdSmi  # simulated nodes only
 
             fake = FakeAmdSmi(topo)
             return health.probe_for(topo, amdsmi=fake), fake
         if vendors <= {"nvidia"}:
-            from ..discovery.fakenvml import FakeNVML  # simulated nodes only
+            from rayaccel.testing.fakenvml import FakeNVML  # simulated nodes only
 
             fake = FakeNVML(topo)
             return health.probe_for(topo, nvml=fake), fake

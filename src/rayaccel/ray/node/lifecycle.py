@@ -24,14 +24,14 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .._proc import start_time as _start_time
-from ..discovery.network import node_levels
-from ..errors import ClusterError
-from ..topology import NodeTopology
-from . import nodedir
-from .node import node_env, node_topology, prepare
-from .processes import _local, _my_ray_processes, _save_processes, _stop_new, local_nodes, stop_local
-from .record import node_labels, node_resources
+from rayaccel._proc import start_time as _start_time
+from rayaccel.discovery.network import node_levels
+from rayaccel.errors import ClusterError
+from rayaccel.topology import NodeTopology
+from rayaccel.ray.node import nodedir
+from rayaccel.ray.node.start import node_env, node_topology, prepare
+from rayaccel.ray.node.processes import _local, _my_ray_processes, _save_processes, _stop_new, local_nodes, stop_local
+from rayaccel.ray.record import node_labels, node_resources
 
 
 
@@ -243,8 +243,8 @@ def _short(cmd: str) -> str:
 def _publish(record, address: str, env: dict) -> str | None:
     """Publish the record and start the agent from a short-lived driver; return an error or None."""
     code = ("import sys, ray\n"
-            "from rayaccel.ray import agent, kv\n"
-            "from rayaccel.ray.names import node_resource\nfrom rayaccel.ray.record import NodeRecord\n"
+            "from rayaccel.ray import kv\nfrom rayaccel.ray.node import agent\n"
+            "from rayaccel.contract import node_resource\nfrom rayaccel.ray.record import NodeRecord\n"
             "rec = NodeRecord.from_json(sys.stdin.read())\n"
             "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
             "marker = node_resource(rec.node_key)\n"

@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .. import metrics_names as M
-from ..arbiter.state import STATES, Snapshot, device_state
-from ..placement import NodeState, Request, allocate, allreduce_bandwidth_gbps
-from ..placement.pools import gpu_pool
+from rayaccel import metrics_names as M
+from rayaccel.arbiter.state import STATES, Snapshot, device_state
+from rayaccel.placement import NodeState, Request, allocate, allreduce_bandwidth_gbps
+from rayaccel.placement.pools import gpu_pool
 
 log = logging.getLogger(__name__)
 HEALTH_LEVEL = {None: 0, "warning": 1, "critical": 2}

@@ -14,11 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..errors import ClusterError, StoreError
-from .names import valid_key
+from rayaccel.errors import ClusterError, StoreError
+from rayaccel.contract import RECORD_FILE as RECORD, valid_key
 
 STATE_DIR_ENV = "RAYACCEL_STATE_DIR"
-RECORD = "record.json"
 
 
 def base_dir() -> Path:
@@ -42,7 +41,7 @@ def ensure_private(path: Path) -> Path:
     Raises:
         ClusterError: it is a symlink, not a directory, or owned by another user.
     """
-    from ..memory.owners import private_dir  # the memory package loads numpy: only node start needs this
+    from rayaccel.memory.owners import private_dir  # the memory package loads numpy: only node start needs this
 
     try:
         return private_dir(path, what="rayaccel state directory",

@@ -17,12 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._proc import cmdline as _cmdline
-from .._proc import parent as _parent
-from .._proc import start_time as _start_time
-from ..errors import ClusterError
-from . import nodedir
-
+from rayaccel._proc import cmdline as _cmdline
+from rayaccel._proc import parent as _parent
+from rayaccel._proc import start_time as _start_time
+from rayaccel.errors import ClusterError
+from rayaccel.ray.node import nodedir
 PROCESSES = "processes.json"
 #: SIGTERM, then this long before SIGKILL, seconds.
 STOP_GRACE_S = 5.0

@@ -1,4 +1,7 @@
-"""Starting rayaccel nodes: :func:`init` (embedded or connect), :func:`shutdown`, :func:`start_node`.
+"""What a rayaccel node starts with: its topology, its directory, record and table, its raylet's environment.
+
+Used by every way a node starts: ``rayaccel start`` (:mod:`.lifecycle`), the embedded cluster of
+:func:`rayaccel.init` (:mod:`rayaccel.ray.driver.init`) and :class:`rayaccel.SimulatedCluster`.
 
 A rayaccel node is an ordinary Ray node whose raylet is started with:
 
@@ -29,20 +32,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import catalog
-from ..arbiter.build import VISIBLE_ENV, build_table, gpu_vendor
-from ..arbiter.table import TABLE_FILE, encode_table
-from ..discovery import discover, load_topology
-from ..errors import BackendUnavailable, ClusterError
-from ..topology import NodeTopology
-from . import _ray_private as rp, agent, kv, nodedir, view
-from .hook import NODE_DIR_ENV, UNHOOKED_PREFIX
-from .names import new_node_key
-from .record import NodeRecord, node_labels, node_resources, node_spec
+from rayaccel import catalog
+from rayaccel.arbiter.build import VISIBLE_ENV, build_table, gpu_vendor
+from rayaccel.arbiter.table import TABLE_FILE, encode_table
+from rayaccel.discovery import discover, load_topology
+from rayaccel.errors import BackendUnavailable, ClusterError
+from rayaccel.topology import NodeTopology
+from rayaccel.ray import _ray_private as rp
+from rayaccel.ray.node import nodedir
+from rayaccel.contract import HOOK_MODULE, NODE_DIR_ENV, NODE_KEY_ENV, UNHOOKED_PREFIX, new_node_key
+from rayaccel.ray.record import NodeRecord, node_labels, node_resources, node_spec
 
 log = logging.getLogger(__name__)
-HOOK_MODULE = "rayaccel.ray.hook"
-NODE_KEY_ENV = "RAYACCEL_NODE_KEY"
 
 
 def node_topology(topology: NodeTopology | str | None = None, *,
@@ -125,7 +126,7 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
 
 
 @contextmanager
-def _environ(updates: dict[str, str]) -> Iterator[None]:
+def environ(updates: dict[str, str]) -> Iterator[None]:
     """Set ``updates`` in os.environ for the duration (processes started meanwhile inherit them)."""
     saved = {k: os.environ.get(k) for k in updates}
     os.environ.update(updates)
@@ -154,98 +155,4 @@ def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None
     return record, d
 
 
-def init(address: str | None = None, topology: NodeTopology | str | None = None, **ray_init_kwargs: Any) -> Any:
-    """Connect to a Ray cluster, or start an embedded one-node cluster whose node rayaccel manages.
-
-    Args:
-        address: a Ray address (``"auto"``, ``"host:port"``, ``"ray://..."``) to connect to;
-            None starts an embedded local cluster whose node advertises ``topology``.
-        topology: for the embedded cluster: a NodeTopology, catalog name or file (simulated);
-            None discovers (see module docstring). Not allowed with ``address``.
-        ray_init_kwargs: passed to ``ray.init`` (``num_cpus``, ``namespace`` ...; not
-            ``num_gpus``/``resources``/``labels`` for an embedded cluster: rayaccel sets those).
-
-    Returns:
-        What ``ray.init`` returns.
-
-    Raises:
-        ClusterError: Ray already initialised, or a conflicting argument.
-    """
-    import ray
-
-    if ray.is_initialized():
-        raise ClusterError("Ray is already initialised in this process; call rayaccel.shutdown() first")
-    view.reset()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address is not None and not isinstance(address, str):
-        raise ClusterError(f"address= must be a string such as 'auto' or 'host:port', got {type(address).__name__}")
-    if not (address or "").startswith("ray://"):  # Ray Client takes its own extra keywords
-        _check_init_kwargs(ray_init_kwargs)
-    if address is not None:
-        if topology is not None:
-            raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
-                               "existing cluster publish their own topology via `rayaccel start`")
-        return ray.init(address=address, **ray_init_kwargs)
-    for k in ("num_gpus", "resources", "labels"):
-        if k in ray_init_kwargs:
-            raise ClusterError(f"{k}= is set by rayaccel for an embedded cluster (from the topology)")
-    topo, simulated = node_topology(topology)
-    record, directory = prepare(topo, simulated)
-    num_gpus, res = node_resources(topo, record.node_key)
-    ray_init_kwargs.setdefault("include_dashboard", False)
-    with _environ(node_env(topo, record.node_key, directory)):
-        # address="local": always a new embedded cluster, never one found in RAY_ADDRESS or /tmp/ray
-        ctx = ray.init(address="local", num_gpus=num_gpus, resources=res,
-                       labels=node_labels(topo, record.node_key, simulated=simulated), **ray_init_kwargs)
-    try:
-        kv.publish(record)
-        agent.start(record.node_key, rp_node_id_of_driver(), directory)
-    except BaseException:
-        ray.shutdown()
-
-        nodedir.remove(directory)
-        raise
-    _EMBEDDED.append(directory)
-    return ctx
-
-
-_EMBEDDED: list[Path] = []
-
-
-def rp_node_id_of_driver() -> str:
-    """The Ray node id of this (driver) process's node."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id()
-
-
-def _check_init_kwargs(kwargs: dict) -> None:
-    """Reject a keyword ``ray.init`` does not take, naming it (Ray raises a bare RuntimeError/TypeError).
-
-    Raises:
-        ClusterError: an unknown keyword.
-    """
-    import inspect
-
-    import ray
-
-    params = inspect.signature(ray.init).parameters
-    known = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
-    known |= {"object_spilling_directory", "allow_multiple", "storage"}  # taken through **kwargs
-    for k in kwargs:
-        if k not in known and not k.startswith("_"):  # ray.init takes private _options through **kwargs
-            raise ClusterError(f"init(): unknown keyword {k!r} (not a ray.init option; known: "
-                               f"{', '.join(sorted(n for n in known if not n.startswith('_')))})")
-
-
-def shutdown() -> None:
-    """Disconnect from Ray (stopping an embedded cluster) and forget cached cluster state."""
-    import ray
-
-    ray.shutdown()
-    view.reset()
-    while _EMBEDDED:
-        nodedir.remove(_EMBEDDED.pop())
-
-
-__all__ = ["init", "node_env", "node_topology", "prepare", "resolve_topology", "shutdown"]
+__all__ = ["environ", "node_env", "node_topology", "prepare", "resolve_topology"]

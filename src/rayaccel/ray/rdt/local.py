@@ -15,7 +15,7 @@ from typing import Any
 from ...topology import NodeTopology
 from ...transfer import NIXL_HINT
 from ...transfer import near_nics as near_nics_of
-from ..hook import host_rdma_devices
+from ...contract import NODE_DIR_ENV, host_rdma_devices
 
 log = logging.getLogger("rayaccel.ray.rdt")
 
@@ -31,7 +31,7 @@ def node_id() -> str:
 def _record() -> Any:
     from ..record import NodeRecord  # the topology model loads at a process's first transfer only
 
-    d = os.environ.get("RAYACCEL_NODE_DIR")
+    d = os.environ.get(NODE_DIR_ENV)
     if not d:
         return None
     path = os.path.join(d, "record.json")
@@ -151,7 +151,7 @@ def prepare_ucx() -> tuple[str, ...]:
     """Before this process's NIXL agent starts: point UCX at the NICs nearest its devices.
 
     Sets ``UCX_NET_DEVICES`` (``mlx5_0:1,...``) unless it is set already (by the user or the
-    worker hook) and only to NICs this machine really has (:func:`~rayaccel.ray.hook.host_rdma_devices`): on a
+    worker hook) and only to NICs this machine really has (:func:`~rayaccel.contract.host_rdma_devices`): on a
     simulated node nothing is applied. Idempotent; UCX reads it once, when the agent starts.
 
     Returns:

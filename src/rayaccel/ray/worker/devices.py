@@ -18,11 +18,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..arbiter.state import GPU
-from ..errors import ClusterError
-from ..topology import Device, Link, Partition
-from . import hook
-
+from rayaccel.arbiter.state import GPU
+from rayaccel.errors import ClusterError
+from rayaccel.topology import Device, Link, Partition
+from rayaccel.ray.worker import hook
 _ENV_KEYS = ("RAYACCEL_GPU_MEMORY_BYTES",)
 
 

@@ -11,11 +11,11 @@ import os
 import socket
 from typing import Any, Callable
 
-from .worker import get_devices
+from rayaccel.ray.worker.devices import get_devices
 
 
 class GangWorker:
-    """One gang member (an actor: :func:`rayaccel.ray.gangs._worker_cls`)."""
+    """One gang member (an actor: :func:`rayaccel.ray.driver.gangs._worker_cls`)."""
 
     def __init__(self, name: str, rank: int):
         self.rank = rank

@@ -1,7 +1,7 @@
 """The worker hook: every Python worker of a rayaccel node imports this before its first task.
 
-A rayaccel node's raylet is started with ``RAY_preload_python_modules=rayaccel.ray.hook``
-and ``RAYACCEL_NODE_DIR=<node directory>`` (see :mod:`.node`), so every worker it
+A rayaccel node's raylet is started with ``RAY_preload_python_modules=rayaccel.ray.worker.hook``
+and ``RAYACCEL_NODE_DIR=<node directory>`` (see :mod:`rayaccel.ray.node.start`), so every worker it
 spawns -- whatever driver submitted the work: a plain ``ray.init(address=...)``
 driver, a Ray Job, Serve's or Train's controller -- imports this module. Importing
 it wraps Ray's single in-worker accelerator-id function (:func:`._ray_private.install`):
@@ -43,19 +43,17 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from ..arbiter.decide import Grant, GrantRequest
-from ..arbiter.state import GPU
-from ..arbiter.statefile import Arbiter
-from ..arbiter.table import TABLE_FILE, NodeTable, decode_table
-from ..errors import ClusterError
-from . import _ray_private as rp
-from .names import DRAIN_PREFIX
+from rayaccel.arbiter.decide import Grant, GrantRequest
+from rayaccel.arbiter.state import GPU
+from rayaccel.arbiter.statefile import Arbiter
+from rayaccel.arbiter.table import TABLE_FILE, NodeTable, decode_table
+from rayaccel.errors import ClusterError
+from rayaccel.ray import _ray_private as rp
+from rayaccel.contract import (NODE_DIR_ENV, REMOTE_MODULE, UCX_NET_DEVICES, UNHOOKED_PREFIX,
+                               drain_target, host_rdma_devices)
 
 log = logging.getLogger(__name__)
 
-NODE_DIR_ENV = "RAYACCEL_NODE_DIR"
-#: Placeholder ids the raylet's visible-devices variable holds, so unhooked workers see no GPU.
-UNHOOKED_PREFIX = "rayaccel-unhooked-"
 #: Polling period while a grant waits (doubles up to the max), seconds.
 WAIT_POLL_S = 0.02
 WAIT_POLL_MAX_S = 0.25
@@ -64,23 +62,6 @@ WAIT_POLL_MAX_S = 0.25
 RELEASE_AFTER_S = 0.02
 #: How long a placement group seen alive is trusted to be alive, seconds.
 PG_ALIVE_TTL_S = 1.0
-#: Functions of this module are ``rayaccel.remote`` work: their set-up decides their grant.
-REMOTE_MODULE = "rayaccel.ray.tasks."
-#: The NIC variable UCX (and so NIXL, RDT's NIXL transport) reads.
-UCX_NET_DEVICES = "UCX_NET_DEVICES"
-#: Where the kernel lists this host's RDMA devices; ``RAYACCEL_IB_DIR`` names another place
-#: (a container that mounts sysfs elsewhere). UCX is told only of NICs listed there: a NIC of a
-#: simulated topology is not the host's, and UCX given one fails (NIXL: ``NIXL_ERR_BACKEND``).
-IB_DIR = "/sys/class/infiniband"
-IB_DIR_ENV = "RAYACCEL_IB_DIR"
-
-
-def host_rdma_devices() -> frozenset[str]:
-    """The RDMA devices this host has (``mlx5_0``, ...), from sysfs; empty when it lists none."""
-    try:
-        return frozenset(os.listdir(os.environ.get(IB_DIR_ENV) or IB_DIR))
-    except OSError:
-        return frozenset()
 
 
 class Current(NamedTuple):
@@ -137,7 +118,7 @@ class _NodeSide:
     def record(self) -> Any:
         """The node's :class:`~.record.NodeRecord` (parsed on first use: topology objects cost start-up time)."""
         if self._record is None:
-            from .record import NodeRecord  # the topology model loads only when someone needs it
+            from rayaccel.ray.record import NodeRecord  # the topology model loads only when someone needs it
 
             path = os.path.join(self.dir, "record.json")
             try:
@@ -325,11 +306,7 @@ def _grant_waiting(ns: _NodeSide, req: GrantRequest) -> Grant:
 
 def _drain_target(info: dict) -> int | None:
     """The device a drain placeholder actor must hold (from its name), else None."""
-    name = info.get("name") or ""
-    if info.get("kind") != "actor" or not name.startswith(DRAIN_PREFIX):
-        return None
-    tail = name[len(DRAIN_PREFIX):].rsplit("-", 1)
-    return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else None
+    return drain_target(info.get("name") or "") if info.get("kind") == "actor" else None
 
 
 def _pg_alive(pg: str) -> bool:
@@ -407,8 +384,8 @@ def _family_env(ns: _NodeSide, t: Any, units: tuple | None) -> None:
         return
     if t.needs_topology_for_env():
         # the block's extent needs the chips' grid: the topology and the unit placer load here (TPU grants)
-        from ..arbiter.placer import spec_of
-        from ..placement.units import visible_env
+        from rayaccel.arbiter.placer import spec_of
+        from rayaccel.placement.units import visible_env
 
         env = visible_env(ns.topology, spec_of(t.spec), units)
     else:

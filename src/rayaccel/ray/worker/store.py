@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptObject, RequestError, StoreError
-from ..memory import Store, sweep
-from ..memory.owners import default_spill_root, private_dir
-from ..memory.share import SharedObject
-from ..units import parse_bytes
+from rayaccel.errors import CorruptObject, RequestError, StoreError
+from rayaccel.memory import Store, sweep
+from rayaccel.memory.owners import default_spill_root, private_dir
+from rayaccel.memory.share import SharedObject
+from rayaccel.units import parse_bytes
 
 DEFAULT_DEVICE_BYTES = 1 << 30
 DEFAULT_HOST_BYTES = 4 << 30
