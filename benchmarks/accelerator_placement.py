@@ -143,7 +143,7 @@ def _ring_or_path(topo, devs) -> bool:
 
 def _free_ring_exists(topo, free: set[int], dev_of: dict[int, int], per: int, n: int) -> bool:
     """Whether the whole free devices held a ring of ``n`` (a path where no ring of ``n`` exists) before the grant."""
-    from rayaccel.placement._rings import _hamiltonian as ham, _rings
+    from rayaccel.placement._rings import _rings
     from rayaccel.placement.units import _plan
 
     plan = _plan(topo, NEURON)

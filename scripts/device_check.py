@@ -20,7 +20,6 @@ summary; with ``--out`` it also writes the raw captures and both topologies as J
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess

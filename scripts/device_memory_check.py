@@ -68,8 +68,8 @@ def main(argv=None) -> None:
         pinned = torch.empty(n, dtype=torch.uint8, pin_memory=cuda)
         back = torch.empty(n, dtype=torch.uint8, device=dev)
         pinned.copy_(src), back.copy_(pinned)
-        raw_d2h = [timed(lambda: pinned.copy_(src, non_blocking=True), sync) for _ in range(a.repeats)]
-        raw_h2d = [timed(lambda: back.copy_(pinned, non_blocking=True), sync) for _ in range(a.repeats)]
+        raw_d2h = [timed(lambda: pinned.copy_(src, non_blocking=True), sync) for _ in range(a.repeats)]  # noqa: F821 - del at the end of the loop
+        raw_h2d = [timed(lambda: back.copy_(pinned, non_blocking=True), sync) for _ in range(a.repeats)]  # noqa: F821 - del at the end of the loop
         host = pinned.numpy()
         path = d / "raw.bin"
         mv = memoryview(host)

@@ -10,7 +10,6 @@ slot map stays a bijection, a drained device is never handed out.
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 

@@ -115,7 +115,8 @@ def _render(items):
 
 
 def test_status_groups_nodes_by_domain():
-    dom = lambda d: {"ray.io/gpu-domain": d, "rayaccel.io/nvlink-clique": "7", "rayaccel.io/net-block": "b0"}
+    def dom(d):
+        return {"ray.io/gpu-domain": d, "rayaccel.io/nvlink-clique": "7", "rayaccel.io/net-block": "b0"}
     nodes = [_row("aaaa00000001", 4, dom("rack-a")), _row("bbbb00000002", 0, dom("rack-b")),
              _row("cccc00000003", 2, {}), _row("aaaa00000004", 3, dom("rack-a"))]
     groups = domain_groups(nodes)

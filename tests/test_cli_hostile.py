@@ -8,7 +8,6 @@ import importlib.metadata
 import inspect
 import json
 import os
-import resource
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,6 @@ from rayaccel import catalog
 from rayaccel.cli import app
 from rayaccel.discovery import registry
 from rayaccel.errors import RequestError
-from rayaccel.topology import NodeTopology
 
 runner = CliRunner()
 NINES = "9" * 400

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rayaccel.errors import StoreError, StoreFull
+from rayaccel.errors import StoreFull
 from rayaccel.memory import Store
 from rayaccel.memory.spill import drain
 

@@ -159,7 +159,7 @@ def _captures() -> list[Path]:
 def test_roundtrip_capture(path):
     if path is None:
         pytest.skip("no captures in tests/data/captures")
-    capture = pytest.importorskip("rayaccel.discovery.capture")
+    import rayaccel.discovery.capture as capture
     from rayaccel.errors import CaptureError
 
     try:

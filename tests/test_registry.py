@@ -223,7 +223,6 @@ def test_discover_nothing_available_lists_reasons_and_hint(plugins):
 
 
 def test_discover_with_rayaccel_topology_simulates(monkeypatch):
-    pytest.importorskip("rayaccel.catalog")
     monkeypatch.setenv("RAYACCEL_TOPOLOGY", "dgx1-v100")
     register_backend("nvidia", lambda: NvidiaBackend(nvml=FakeNVML(_fake_machine())), clobber=True)
     t = discover()

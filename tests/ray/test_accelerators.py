@@ -131,7 +131,6 @@ def test_trn1_five_two_core_actors_then_an_eight_core_torus_ring(accel):
 
 
 def test_ray_train_worker_group_on_neuron_cores(accel, tmp_path):
-    import ray
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

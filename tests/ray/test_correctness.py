@@ -38,7 +38,8 @@ _RECORD = textwrap.dedent('''
                 f.write(json.dumps([node, d, t0, t1, who]) + "\\n")
         return ids
 ''')
-exec(_RECORD)  # the same recorder in this driver's tasks  # noqa: S102
+exec(_RECORD)  # the same recorder in this driver's tasks (defines hold)  # noqa: S102
+hold = globals()["hold"]
 
 DRIVER = textwrap.dedent('''
     import random, sys, ray

@@ -26,7 +26,6 @@ worker's path).
 import json
 from typing import Any, Mapping, NamedTuple
 
-from ..contract import TABLE_FILE
 from .state import StateError
 
 SCHEMA = "rayaccel.table/1"

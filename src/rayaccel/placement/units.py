@@ -44,7 +44,7 @@ from ..topology import Device, NodeTopology
 from ._rings import Graph, best_devices
 from .node import allocate
 from .request import Request
-from .result import Allocation, Rejection
+from .result import Rejection
 from .state import NodeState
 
 __all__ = ["Unit", "UnitChoice", "UnitSpec", "choose_units", "node_units", "visible_env"]

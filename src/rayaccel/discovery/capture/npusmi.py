@@ -168,7 +168,7 @@ def parse_info(lines: list[Line], path: str) -> list[Fragment]:
             pending = (npu, m1.group(2), m1.group(3), ln.no)
             continue
         if m2 and pending is None and frag.devices:
-            raise fail(f"chip row without its NPU row (several chips per NPU need 'npu-smi info -m')", path, ln.no)
+            raise fail("chip row without its NPU row (several chips per NPU need 'npu-smi info -m')", path, ln.no)
         if pending is not None:
             raise fail(f"NPU {pending[0]}: expected its chip row ('| 0 | <Bus-Id> | ...'), got {t[:60]!r}", path, ln.no)
     if pending is not None:

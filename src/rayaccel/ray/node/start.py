@@ -30,7 +30,7 @@ import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from rayaccel import catalog
 from rayaccel.arbiter.build import VISIBLE_ENV, build_table, gpu_vendor
@@ -41,7 +41,7 @@ from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp
 from rayaccel.ray.node import nodedir
 from rayaccel.contract import HOOK_MODULE, NODE_DIR_ENV, NODE_KEY_ENV, UNHOOKED_PREFIX, new_node_key
-from rayaccel.ray.record import NodeRecord, node_labels, node_resources, node_spec
+from rayaccel.ray.record import NodeRecord, node_resources, node_spec
 
 log = logging.getLogger(__name__)
 

@@ -49,8 +49,7 @@ from rayaccel.arbiter.statefile import Arbiter
 from rayaccel.arbiter.table import TABLE_FILE, NodeTable, decode_table
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp
-from rayaccel.contract import (NODE_DIR_ENV, REMOTE_MODULE, UCX_NET_DEVICES, UNHOOKED_PREFIX,
-                               drain_target, host_rdma_devices)
+from rayaccel.contract import (NODE_DIR_ENV, REMOTE_MODULE, UCX_NET_DEVICES, drain_target, host_rdma_devices)
 
 log = logging.getLogger(__name__)
 
