@@ -362,3 +362,30 @@ def test_a_rehearsal_saves_nothing_counts_nothing_and_loads_no_placer(tmp_path, 
     before = (tmp_path / statefile.STATE_FILE).read_bytes()
     arb.rehearse("GPU")  # on a node with holders too: the state file is untouched
     assert (tmp_path / statefile.STATE_FILE).read_bytes() == before and len(g.devices) == 1
+
+
+def test_a_rehearsal_never_waits_for_the_node_lock(tmp_path):
+    """Worker start takes no node-wide lock: a rehearsal while another process holds the lock returns."""
+    import fcntl
+    import threading
+
+    topo = catalog.load("dgx1-v100")
+    arb = Arbiter(tmp_path, build_table(topo, "0" * 12, True))
+    fd = os.open(tmp_path / statefile.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    child = os.fork()
+    if child == 0:  # another process holds the node's lock until killed
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"x")
+        time.sleep(60)
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while os.fstat(fd).st_size == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        done = threading.Event()
+        threading.Thread(target=lambda: (arb.rehearse("GPU"), done.set()), daemon=True).start()
+        assert done.wait(20), "a rehearsal waited for the node lock another process holds"
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(fd)
