@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from rayaccel import catalog
+from rayaccel import catalog, contract
 from rayaccel.arbiter import statefile
 from rayaccel.arbiter.build import build_table
 from rayaccel.arbiter.choose import TableChooser
@@ -316,7 +316,7 @@ def test_a_first_grant_the_table_answers_loads_no_placer(tmp_path):
 
 def test_the_agent_and_status_name_a_stuck_lock_holder(tmp_path, monkeypatch):
     """The agent never blocks on a stuck lock: it publishes its last snapshot with the holder named."""
-    from rayaccel.arbiter.table import TABLE_FILE
+    from rayaccel.contract import TABLE_FILE
     from rayaccel.cli.views import status_tables
     from rayaccel.ray.node import agent as agent_mod
     from rayaccel.ray.driver import status
@@ -356,12 +356,12 @@ def test_a_rehearsal_saves_nothing_counts_nothing_and_loads_no_placer(tmp_path, 
     arb = Arbiter(tmp_path, build_table(topo, "0" * 12, True), topology=lambda: loaded.append(1) or topo)
     arb.rehearse("GPU")
     arb.rehearse("no_such_resource")
-    assert not (tmp_path / statefile.STATE_FILE).exists() and not loaded
+    assert not (tmp_path / contract.STATE_FILE).exists() and not loaded
     assert (arb.chooser.answered, arb.chooser.placed) == (0, 0)
     g = arb.grant(GrantRequest(pid=os.getpid(), key="task:1", slots={"GPU": ((0, 1.0),)}))
-    before = (tmp_path / statefile.STATE_FILE).read_bytes()
+    before = (tmp_path / contract.STATE_FILE).read_bytes()
     arb.rehearse("GPU")  # on a node with holders too: the state file is untouched
-    assert (tmp_path / statefile.STATE_FILE).read_bytes() == before and len(g.devices) == 1
+    assert (tmp_path / contract.STATE_FILE).read_bytes() == before and len(g.devices) == 1
 
 
 def test_a_rehearsal_never_waits_for_the_node_lock(tmp_path):
@@ -371,7 +371,7 @@ def test_a_rehearsal_never_waits_for_the_node_lock(tmp_path):
 
     topo = catalog.load("dgx1-v100")
     arb = Arbiter(tmp_path, build_table(topo, "0" * 12, True))
-    fd = os.open(tmp_path / statefile.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(tmp_path / contract.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     child = os.fork()
     if child == 0:  # another process holds the node's lock until killed
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -48,6 +48,9 @@ IB_DIR = "/sys/class/infiniband"
 IB_DIR_ENV = "RAYACCEL_IB_DIR"
 #: The NIC variable UCX (and so NIXL, RDT's NIXL transport) reads.
 UCX_NET_DEVICES = "UCX_NET_DEVICES"
+#: The devices of a worker's current grant, in order (``0,3``), written by the hook at each grant: what
+#: the tensor transport and the store inside the worker read (:func:`format_devices`, :func:`parse_devices`).
+DEVICES_ENV = "RAYACCEL_DEVICES"
 #: The module every worker of a rayaccel node preloads (``RAY_preload_python_modules``).
 HOOK_MODULE = "rayaccel.ray.worker.hook"
 #: Functions of this module are ``rayaccel.remote`` work: their set-up decides their grant.
@@ -77,11 +80,28 @@ LOCK_FILE = "arbiter.lock"
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
-__all__ = ["DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
+__all__ = ["DEVICES_ENV", "DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
            "NAMESPACE", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL", "NODE_KEY_PREFIX", "NODE_PIN",
            "RDT_PATH_ENV", "RECORD_FILE", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
-           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "drain_name", "drain_target", "host_rdma_devices",
-           "kv_key", "label_value", "new_node_key", "node_resource", "valid_key"]
+           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "drain_name", "drain_target", "format_devices", "host_rdma_devices",
+           "kv_key", "label_value", "new_node_key", "node_resource", "parse_devices", "valid_key"]
+
+
+def format_devices(devices: "list[int] | tuple[int, ...]") -> str:
+    """:data:`DEVICES_ENV`'s value for ``devices``: ``"0,3"``."""
+    return ",".join(str(int(i)) for i in devices)
+
+
+def parse_devices(text: str | None) -> tuple[int, ...] | None:
+    """The devices :data:`DEVICES_ENV` names (``"0,3"``; the JSON list ``"[0, 3]"`` of earlier releases too);
+    None when unset or not a list of device indices."""
+    if not text:
+        return None
+    parts = text.strip().strip("[]").split(",")
+    try:
+        return tuple(int(p) for p in parts if p.strip())
+    except ValueError:
+        return None
 
 
 def host_rdma_devices() -> frozenset[str]:

@@ -57,14 +57,14 @@ def topo(dgx1):
 
 def _views():
     """What every view of the grant says, inside the worker."""
-    import json
-
     import ray
+
+    from rayaccel.contract import DEVICES_ENV, parse_devices
 
     return {"gpu_ids": [int(i) for i in ray.get_gpu_ids()],
             "accel": [int(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"]],
             "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "rayaccel": json.loads(os.environ.get("RAYACCEL_DEVICES") or "[]"),
+            "rayaccel": list(parse_devices(os.environ.get(DEVICES_ENV)) or ()),
             "pid": os.getpid()}
 
 

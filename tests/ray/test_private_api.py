@@ -138,3 +138,40 @@ def test_torchs_cuda_ipc_rebuild_takes_the_device_seventh():
     from rayaccel.ray.rdt.gpu import _DEVICE_ARG
 
     assert list(inspect.signature(rebuild_cuda_tensor).parameters)[_DEVICE_ARG] == "storage_device"
+
+
+def test_one_grant_is_read_from_ray_in_one_call():
+    """The hook reads a grant's facts through rp.grant_of; the lazy facts are read once, when asked."""
+    calls = []
+
+    class Core:
+        def resource_ids(self):
+            calls.append("ids")
+            return {"GPU": [(1, 1.0)], "GPU_group_0_ab12": [(1, 1.0)], "GPU_group_ab12": [(1, 1.0)]}
+
+        def get_actor_id(self):
+            class Nil:
+                def is_nil(self):
+                    return True
+            return Nil()
+
+        def get_current_task_id(self):
+            return bytes.fromhex("0a")
+
+        def get_current_task_function_name(self):
+            calls.append("function")
+            return "m.f"
+
+        def get_current_node_id(self):
+            calls.append("node")
+            return bytes.fromhex("ff")
+
+    class W:
+        core_worker = Core()
+
+    rg = rp.grant_of(W(), frozenset({"GPU"}))
+    assert (rg.key, rg.slots, rg.pg, rg.bundle) == ("task:0a", {"GPU": ((1, 1.0),)}, "ab12", 0)
+    assert rg.sig == ("task:0a", (("GPU", ((1, 1.0),)),))
+    assert calls == ["ids"]
+    assert rg.function == rg.function == "m.f" and rg.node_id == rg.node_id == "ff"
+    assert calls == ["ids", "function", "node"]

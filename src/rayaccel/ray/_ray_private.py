@@ -8,7 +8,7 @@ internals, each named here once, so that a Ray upgrade that moves one fails
   the one function through which every in-worker view of a GPU grant passes
   (``ray.get_gpu_ids()``, ``get_runtime_context().get_accelerator_ids()`` and the
   ``CUDA_VISIBLE_DEVICES`` that Ray writes before each task). rayaccel's worker hook
-  (:mod:`rayaccel.ray.hook`) wraps it to name the arbiter's physical devices.
+  (:mod:`rayaccel.ray.worker.hook`) wraps it to name the arbiter's physical devices.
 * ``ray._private.utils.set_visible_accelerator_ids`` -- called by ``_raylet.pyx``
   before every normal task and at actor creation; wrapped to apply the vendor's
   variable, CPU affinity and rayaccel's own variables after Ray's; and
@@ -328,3 +328,53 @@ def nixl_communicator() -> Any:
 def call_on_actor(actor: Any, fn: Callable, *args: Any) -> Any:
     """Run ``fn(actor_instance, *args)`` in ``actor`` in RDT's short-call group; an ObjectRef."""
     return actor.__ray_call__.options(concurrency_group=RDT_SERVE_GROUP).remote(fn, *args)
+
+
+class RayGrant:
+    """One grant as Ray made it, read from the worker in one call (:func:`grant_of`): the facts of one event.
+
+    Attributes:
+        key: ``task:<id>`` / ``actor:<id>``. slots: managed resource -> ``((slot, fraction), ...)``.
+        pg / bundle: the placement group (hex) and bundle index of a member's grant, else None.
+        function: ``<module>.<qualname>`` of the function the worker runs (``rayaccel.remote`` work is
+            recognised by it). ``function``, ``info`` (what status shows of the holder) and ``node_id``
+            are read from Ray only when asked: a grant on the fast path (the same as the last) needs none.
+    """
+
+    __slots__ = ("key", "slots", "pg", "bundle", "_worker", "_function", "_info", "_node")
+
+    def __init__(self, worker: Any, managed: Any):
+        self._worker = worker
+        self._info: dict[str, Any] | None = None
+        self._node: str | None = None
+        self._function: str | None = None
+        self.key = grant_key(worker)
+        self.slots, self.pg, self.bundle = split_grant(resource_ids(worker), managed)
+
+    @property
+    def sig(self) -> tuple:
+        """(key, slots): a grant with the same sig is the same grant."""
+        return self.key, tuple(sorted(self.slots.items()))
+
+    @property
+    def function(self) -> str:
+        if self._function is None:
+            self._function = task_function_name(self._worker)
+        return self._function
+
+    @property
+    def info(self) -> dict[str, Any]:
+        if self._info is None:
+            self._info = holder_info(self._worker)
+        return self._info
+
+    @property
+    def node_id(self) -> str:
+        if self._node is None:
+            self._node = node_id(self._worker)
+        return self._node
+
+
+def grant_of(worker: Any, managed: Any) -> RayGrant:
+    """The current grant of ``managed`` resources in this worker (see :class:`RayGrant`)."""
+    return RayGrant(worker, managed)

@@ -28,14 +28,14 @@ from typing import Any
 from rayaccel.arbiter import decide as D
 from rayaccel.arbiter.state import GPU, Snapshot, held_devices, snapshot_of
 from rayaccel.arbiter.statefile import Arbiter, LockTimeout
-from rayaccel.arbiter.table import TABLE_FILE, decode_table
+from rayaccel.arbiter.table import decode_table
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.node import health
 from rayaccel.ray.node import metrics
 from rayaccel.ray.node.doctor import node_facts
 from rayaccel.ray.worker.hook import pg_alive
-from rayaccel.contract import NODE_DIR_ENV, drain_name
+from rayaccel.contract import NODE_DIR_ENV, RECORD_FILE, TABLE_FILE, drain_name
 from rayaccel.ray.node.processes import PROCESSES, _local, stop_local
 from rayaccel.ray.record import NodeRecord
 
@@ -62,7 +62,7 @@ class NodeAgent:
         self.dir = node_dir or os.environ.get(NODE_DIR_ENV)
         if not self.dir:
             raise RuntimeError("rayaccel agent: RAYACCEL_NODE_DIR is not set (not a rayaccel node)")
-        with open(os.path.join(self.dir, "record.json"), "rb") as f:
+        with open(os.path.join(self.dir, RECORD_FILE), "rb") as f:
             self.record = NodeRecord.from_json(f.read(), where=self.dir)
         with open(os.path.join(self.dir, TABLE_FILE), "rb") as f:
             self.table = decode_table(f.read())

@@ -34,13 +34,13 @@ from typing import Iterator
 
 from rayaccel import catalog
 from rayaccel.arbiter.build import VISIBLE_ENV, build_table, gpu_vendor
-from rayaccel.arbiter.table import TABLE_FILE, encode_table
+from rayaccel.arbiter.table import encode_table
 from rayaccel.discovery import discover, load_topology
 from rayaccel.errors import BackendUnavailable, ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp
 from rayaccel.ray.node import nodedir
-from rayaccel.contract import HOOK_MODULE, NODE_DIR_ENV, NODE_KEY_ENV, UNHOOKED_PREFIX, new_node_key
+from rayaccel.contract import HOOK_MODULE, NODE_DIR_ENV, NODE_KEY_ENV, TABLE_FILE, UNHOOKED_PREFIX, new_node_key
 from rayaccel.ray.record import NodeRecord, node_resources, node_spec
 
 log = logging.getLogger(__name__)

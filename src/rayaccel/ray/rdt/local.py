@@ -7,7 +7,6 @@ imports), per call where it can (a reused worker's devices).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from ...topology import NodeTopology
 from ...transfer import NIXL_HINT
 from ...transfer import near_nics as near_nics_of
-from ...contract import NODE_DIR_ENV, host_rdma_devices
+from ...contract import DEVICES_ENV, NODE_DIR_ENV, RECORD_FILE, host_rdma_devices, parse_devices
 
 log = logging.getLogger("rayaccel.ray.rdt")
 
@@ -34,7 +33,7 @@ def _record() -> Any:
     d = os.environ.get(NODE_DIR_ENV)
     if not d:
         return None
-    path = os.path.join(d, "record.json")
+    path = os.path.join(d, RECORD_FILE)
     try:
         with open(path, "rb") as f:
             return NodeRecord.from_json(f.read(), path)
@@ -61,13 +60,9 @@ def devices() -> tuple[int, ...]:
     ``RAYACCEL_DEVICES`` (written by the worker hook at each grant) first, else
     ``CUDA_VISIBLE_DEVICES`` (indices, or UUIDs resolved through the topology).
     """
-    raw = os.environ.get("RAYACCEL_DEVICES")
-    if raw:
-        try:
-            out = tuple(int(i) for i in json.loads(raw))
-            return out
-        except (ValueError, TypeError):
-            pass
+    mine = parse_devices(os.environ.get(DEVICES_ENV))
+    if mine is not None:
+        return mine
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is None or not vis.strip():
         return ()

@@ -36,7 +36,6 @@ does it before any task reaches it), not at the first grant.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -46,10 +45,11 @@ from typing import Any, NamedTuple
 from rayaccel.arbiter.decide import Grant, GrantRequest
 from rayaccel.arbiter.state import GPU
 from rayaccel.arbiter.statefile import Arbiter
-from rayaccel.arbiter.table import TABLE_FILE, NodeTable, decode_table
+from rayaccel.arbiter.table import NodeTable, decode_table
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp
-from rayaccel.contract import (NODE_DIR_ENV, REMOTE_MODULE, UCX_NET_DEVICES, drain_target, host_rdma_devices)
+from rayaccel.contract import (DEVICES_ENV, NODE_DIR_ENV, RECORD_FILE, REMOTE_MODULE, TABLE_FILE, UCX_NET_DEVICES,
+                               drain_target, format_devices, host_rdma_devices)
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class _NodeSide:
         if self._record is None:
             from rayaccel.ray.record import NodeRecord  # the topology model loads only when someone needs it
 
-            path = os.path.join(self.dir, "record.json")
+            path = os.path.join(self.dir, RECORD_FILE)
             try:
                 with open(path, "rb") as f:
                     self._record = NodeRecord.from_json(f.read(), where=path)
@@ -203,9 +203,8 @@ def _ids_for(cur: Current | None, resource: str) -> list:
 
 def _ensure(ns: _NodeSide, worker: Any) -> Current | None:
     """This worker's current grant, decided now if Ray's grant changed (or :data:`_DEFERRED`)."""
-    slots, pg, bundle = rp.split_grant(rp.resource_ids(worker), ns.managed)
-    key = rp.grant_key(worker)
-    sig = (key, tuple(sorted(slots.items())))
+    rg = rp.grant_of(worker, ns.managed)
+    sig = rg.sig
     cur = _W.current
     if cur is not None and cur.sig == sig:
         return cur
@@ -213,19 +212,19 @@ def _ensure(ns: _NodeSide, worker: Any) -> Current | None:
         cur = _W.current
         if cur is not None and cur.sig == sig:
             return cur
-        if not slots:
+        if not rg.slots:
             if cur is not None:
                 _drop(ns)
             return None
-        if rp.task_function_name(worker).startswith(REMOTE_MODULE):
+        if rg.function.startswith(REMOTE_MODULE):
             # rayaccel.remote work: its set-up (decide_with) decides once, with its constraints.
             # Until then (before user code) Ray's placeholder ids stand: no device.
             _W.current = None
             return _DEFERRED
-        again = _same_as_last(ns, sig, pg)
+        again = _same_as_last(ns, sig, rg.pg)
         if again is not None:
             return again
-        return _decide(ns, worker, key, sig, slots, pg, bundle, None)
+        return _decide(ns, rg, None)
 
 
 def _same_as_last(ns: _NodeSide, sig: tuple, pg: str | None) -> Current | None:
@@ -254,11 +253,12 @@ def _drop(ns: _NodeSide) -> None:
         log.warning("rayaccel hook: could not release this worker's grant: %s", e)
 
 
-def _decide(ns: _NodeSide, worker: Any, key: str, sig: tuple, slots: dict, pg: str | None, bundle: int | None,
-            request: Any) -> Current:
-    """Ask the arbiter (waiting while it cannot serve the grant); set the current grant."""
+def _decide(ns: _NodeSide, rg: Any, request: Any) -> Current:
+    """Ask the arbiter for Ray's grant ``rg`` (a :class:`~rayaccel.ray._ray_private.RayGrant`), waiting while
+    it cannot serve it; set the current grant."""
     _W.pending.clear()  # this grant replaces this worker's record: nothing else to release
-    info = rp.holder_info(worker)
+    key, sig, slots, pg, bundle = rg.key, rg.sig, rg.slots, rg.pg, rg.bundle
+    info = rg.info
     drain = _drain_target(info)
     pg_bundles = None
     if pg is not None and bundle is not None:
@@ -266,7 +266,7 @@ def _decide(ns: _NodeSide, worker: Any, key: str, sig: tuple, slots: dict, pg: s
         if st is None or pg not in st.pgs:
             res = next(iter(slots))
             try:  # one GCS read, before the lock
-                pg_bundles = rp.pg_bundles_on_node(pg, rp.node_id(worker), res)
+                pg_bundles = rp.pg_bundles_on_node(pg, rg.node_id, res)
             except Exception as e:  # noqa: BLE001 - without the group's shape each member chooses alone
                 log.warning("rayaccel hook: placement group %s unreadable (%s); choosing this bundle alone", pg, e)
     req = GrantRequest(pid=os.getpid(), key=key, slots=slots, pg=pg, bundle=bundle, pg_bundles=pg_bundles,
@@ -342,7 +342,7 @@ def _after_set_visible(saved: dict) -> dict:
     cur = _ensure(ns, rp.global_worker()) if ns.families else _W.current
     if cur is _DEFERRED:
         cur = None
-    for var in (*((ns.env_var,) if ns.gpus else ()), *ns.family_defaults, "RAYACCEL_DEVICES", UCX_NET_DEVICES):
+    for var in (*((ns.env_var,) if ns.gpus else ()), *ns.family_defaults, DEVICES_ENV, UCX_NET_DEVICES):
         saved.setdefault(var, os.environ.get(var))
     for t in ns.families:
         _family_env(ns, t, cur.units.get(t.name) if cur is not None else None)
@@ -351,13 +351,15 @@ def _after_set_visible(saved: dict) -> dict:
         if ns.gpus:
             _restore(ns.env_var, ns.default_visible)
         _restore(UCX_NET_DEVICES, ns.user_ucx)
-        os.environ.pop("RAYACCEL_DEVICES", None)
+        os.environ.pop(DEVICES_ENV, None)
         _apply_affinity(None)
         return saved
     if ns.gpus:
-        os.environ[ns.env_var] = ",".join(str(i) for i in cur.ids)
+        ids = ",".join(str(i) for i in cur.ids)
+        if os.environ.get(ns.env_var) != ids:  # Ray wrote CUDA_VISIBLE_DEVICES from these ids already
+            os.environ[ns.env_var] = ids
     devs = _indices(ns, cur)
-    os.environ["RAYACCEL_DEVICES"] = json.dumps(devs)
+    os.environ[DEVICES_ENV] = format_devices(devs)
     cpus: set[int] = set()
     for i in devs:
         cpus.update(ns.table.cpus.get(i, ()))
@@ -524,27 +526,24 @@ def decide_with(request: Any) -> Current | None:
     ns = node()
     if ns is None:
         return None
-    worker = rp.global_worker()
+    rg = rp.grant_of(rp.global_worker(), ns.managed)
     if getattr(request, "near_node", None) is not None:
         from dataclasses import replace
 
-        here = rp.node_id(worker) == request.near_node
+        here = rg.node_id == request.near_node
         # the data's devices matter only on the node that holds them
         request = replace(request, near=request.near if here else (), near_node=None)
     if request is not None and not _constrained(request):
         request = None
-    slots, pg, bundle = rp.split_grant(rp.resource_ids(worker), ns.managed)
-    key = rp.grant_key(worker)
-    sig = (key, tuple(sorted(slots.items())))
     with _W.lock:
         cur = _W.current
-        if cur is not None and cur.sig == sig and cur.request == request:
+        if cur is not None and cur.sig == rg.sig and cur.request == request:
             return cur
-        if not slots:
+        if not rg.slots:
             if cur is not None:
                 _drop(ns)
             return None
-        new = _decide(ns, worker, key, sig, slots, pg, bundle, request)
+        new = _decide(ns, rg, request)
     _after_set_visible({})
     return new
 

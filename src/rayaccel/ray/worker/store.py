@@ -30,7 +30,6 @@ so killed workers leave nothing behind once any store starts on the node.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import tempfile
 import threading
@@ -43,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from rayaccel.contract import DEVICES_ENV, parse_devices
 from rayaccel.errors import CorruptObject, RequestError, StoreError
 from rayaccel.memory import Store, sweep
 from rayaccel.memory.owners import default_spill_root, private_dir
@@ -106,13 +106,9 @@ def _export_hook(shared: SharedObject, data: np.ndarray) -> SharedObject:
     """Attach a Ray object-store copy when the handle may travel to another node."""
     import ray
 
-    devices = os.environ.get("RAYACCEL_DEVICES")
+    devices = parse_devices(os.environ.get(DEVICES_ENV))
     if devices and shared.device is None:
-        try:
-            first = json.loads(devices)[0]
-            shared = replace(shared, device=int(first))
-        except (ValueError, IndexError, TypeError):
-            pass
+        shared = replace(shared, device=devices[0])
     mode = os.environ.get("RAYACCEL_SHARE_VIA_RAY", "auto")
     if mode not in ("auto", "always", "never"):
         raise StoreError(f"RAYACCEL_SHARE_VIA_RAY={mode!r}; use auto, always or never")
