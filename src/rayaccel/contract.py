@@ -24,6 +24,7 @@ Labels (Ray's label syntax: <= 63 chars of ``[A-Za-z0-9._-]``): ``rayaccel.io/no
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -77,14 +78,58 @@ TABLE_FILE = "table.json"
 STATE_FILE = "arbiter.state"
 LOCK_FILE = "arbiter.lock"
 
+# ---------------------------------------------------------------- formats another process reads
+# Each carries its id in a ``schema`` field; a reader refuses an id it does not know, naming it. A record
+# or snapshot without the field was written before formats carried one (rayaccel 0.1.0): read as ``/1``.
+#: The node's record (node directory and GCS KV).
+RECORD_SCHEMA = "rayaccel.record/1"
+#: An agent's published snapshot of its node (GCS KV).
+SNAPSHOT_SCHEMA = "rayaccel.snapshot/1"
+#: The node table workers read.
+TABLE_SCHEMA = "rayaccel.table/1"
+#: The arbiter's state file (marshal, with a checksum).
+STATE_SCHEMA = "rayaccel.arbiter/2"
+
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
 __all__ = ["DEVICES_ENV", "DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
            "NAMESPACE", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL", "NODE_KEY_PREFIX", "NODE_PIN",
-           "RDT_PATH_ENV", "RECORD_FILE", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
+           "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
            "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "drain_name", "drain_target", "format_devices", "host_rdma_devices",
-           "kv_key", "label_value", "new_node_key", "node_resource", "parse_devices", "valid_key"]
+           "kv_key", "label_value", "load_json", "new_node_key", "node_resource", "parse_devices", "valid_key"]
+
+
+def load_json(raw: bytes | str, *, what: str, max_bytes: int, error: type[Exception], where: str | None = None,
+              schema: str | None = None, schema_optional: bool = False) -> dict:
+    """Parse a JSON object another process wrote, guarded: its size, its nesting, its shape, its format id.
+
+    Args:
+        what: what the data is, for messages (``"rayaccel node record"``).
+        max_bytes: refuse anything larger (before parsing).
+        error: the error class to raise, called as ``error(message, where)``.
+        schema: the format id its ``schema`` field must hold; ``schema_optional``: a missing field is
+            read as that format (data written before formats carried an id).
+
+    Raises:
+        ``error``: too large, nested too deeply, not JSON, not an object, or another format (naming it).
+    """
+    if len(raw) > max_bytes:
+        raise error(f"{what} is {len(raw)} bytes (at most {max_bytes})", where)
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise error(f"{what} is nested too deeply", where) from None
+    except ValueError as e:
+        raise error(f"{what} is not JSON: {e}", where) from None
+    if not isinstance(data, dict):
+        raise error(f"{what} must be a JSON object, got {type(data).__name__}", where)
+    if schema is not None:
+        got = data.get("schema")
+        if got != schema and not (got is None and schema_optional):
+            raise error(f"{what} has format {str(got)[:80]!r}; this rayaccel reads {schema!r} (is another "
+                        f"rayaccel release running on this cluster? `rayaccel doctor` compares them)", where)
+    return data
 
 
 def format_devices(devices: "list[int] | tuple[int, ...]") -> str:

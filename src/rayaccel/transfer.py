@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from .errors import RequestError
-from .topology import DIRECT_KINDS, PCIE_BANDWIDTH_GBPS, NodeTopology
+from .topology import DIRECT_KINDS, NEAR_PCIE_CLASSES, NIC_BANDWIDTH_GBPS, PCIE_BANDWIDTH_GBPS, NodeTopology
 from .topology import near_nics as topology_near_nics
 
 ROUTES = ("same-device", *DIRECT_KINDS, "pcie-p2p", "host-staged", "gpudirect-rdma", "tcp")
@@ -42,8 +42,8 @@ MODEL: dict[str, float] = {
     "host_memcpy_gbps": 10.0,
     # one device <-> pinned host leg over PCIe Gen4 x16 (~32 GB/s raw, ~24 achieved)
     "host_leg_gbps": 24.0,
-    # an RDMA NIC: 200 Gb/s InfiniBand / RoCE = 25 GB/s
-    "rdma_nic_gbps": 25.0,
+    # an RDMA NIC (the one figure of topology.NIC_BANDWIDTH_GBPS: 400 Gb/s NDR InfiniBand / RoCE)
+    "rdma_nic_gbps": NIC_BANDWIDTH_GBPS["rdma"],
     # Ray's object store between nodes over TCP (25 GbE, serialization and copies included)
     "tcp_gbps": 2.5,
     # fixed costs per transfer, seconds
@@ -56,7 +56,7 @@ MODEL: dict[str, float] = {
 #: PCIe path classes over which a peer-to-peer copy is planned.
 P2P_CLASSES = ("PIX", "PXB", "PHB")
 #: NIC-to-device path classes close enough for GPUDirect RDMA.
-RDMA_CLASSES = ("PIX", "PXB")
+RDMA_CLASSES = NEAR_PCIE_CLASSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +226,7 @@ def locality_cost(dst: Endpoint, sources: Iterable[tuple[Endpoint, int]]) -> flo
 #: The paths of the ``rayaccel`` tensor transport (:mod:`rayaccel.ray.rdt`), best first.
 TENSOR_PATHS = ("cuda-ipc", "shared-memory", "nixl", "object-store")
 #: PCIe path classes between two GPUs over which the transport maps a peer's memory (CUDA IPC).
-IPC_PCIE_CLASSES = ("PIX", "PXB")
+IPC_PCIE_CLASSES = NEAR_PCIE_CLASSES
 #: The one-line hint for a missing NIXL.
 NIXL_HINT = "pip install 'rayaccel[nixl]'"
 

@@ -26,10 +26,11 @@ import math
 import zlib
 from typing import Any, Mapping, NamedTuple
 
+from ..contract import SNAPSHOT_SCHEMA, STATE_SCHEMA, load_json
 from ..errors import StateError
 
 #: The state file's schema tag (a file with another tag is rebuilt, never misread).
-SCHEMA = "rayaccel.arbiter/2"
+SCHEMA = STATE_SCHEMA
 #: Ray's ``GPU`` resource.
 GPU = "GPU"
 #: One device's states, as :func:`device_state` names them.
@@ -372,7 +373,7 @@ def device_state(index: int, snap: Snapshot | None, *, pool: frozenset[int] | se
 def encode_snapshot(s: Snapshot) -> str:
     """The snapshot as published (compact JSON)."""
     return json.dumps({
-        "at": s.at, "node_key": s.node_key, "free": list(s.free),
+        "schema": SNAPSHOT_SCHEMA, "at": s.at, "node_key": s.node_key, "free": list(s.free),
         "holders": [dict(h._asdict(), devices=list(h.devices), partitions=list(h.partitions),
                          units={r: list(u) for r, u in h.units.items()}) for h in s.holders],
         "drained": {str(d): v._asdict() for d, v in s.drained.items()},
@@ -393,16 +394,8 @@ def decode_snapshot(raw: bytes | str, where: str) -> Snapshot:
     Raises:
         StateError: too large, not JSON, or a field of the wrong type (names it and ``where``).
     """
-    if len(raw) > MAX_SNAPSHOT_BYTES:
-        raise StateError(f"state snapshot is {len(raw)} bytes (at most {MAX_SNAPSHOT_BYTES})", where)
-    try:
-        d = json.loads(raw)
-    except RecursionError:
-        raise StateError("state snapshot nested too deeply", where) from None
-    except ValueError as e:
-        raise StateError(f"state snapshot is not JSON: {e}", where) from None
-    if not isinstance(d, dict):
-        raise StateError("state snapshot must be an object", where)
+    d = load_json(raw, what="state snapshot", max_bytes=MAX_SNAPSHOT_BYTES, error=StateError, where=where,
+                  schema=SNAPSHOT_SCHEMA, schema_optional=True)
 
     def bad(field: str, what: str) -> StateError:
         return StateError(f"state snapshot: {field} must be {what}", where)

@@ -26,9 +26,13 @@ worker's path).
 import json
 from typing import Any, Mapping, NamedTuple
 
+from ..contract import TABLE_SCHEMA, load_json
 from .state import StateError
 
-SCHEMA = "rayaccel.table/1"
+#: The largest node table a worker reads (a 72-device node's is ~1 MiB with its plans).
+MAX_TABLE_BYTES = 64 << 20
+
+SCHEMA = TABLE_SCHEMA
 #: Pools up to this many devices get every plain decision precomputed (2**n * n/2 placements).
 PLAN_MAX = 8
 
@@ -131,12 +135,7 @@ def decode_table(raw: bytes) -> NodeTable:
     Raises:
         StateError: not a table of this schema, or a field of the wrong shape (names it).
     """
-    try:
-        d = json.loads(raw)
-    except ValueError as e:
-        raise StateError(f"node table is not JSON: {e}") from None
-    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-        raise StateError(f"not a {SCHEMA} node table")
+    d = load_json(raw, what="node table", max_bytes=MAX_TABLE_BYTES, error=StateError, schema=SCHEMA)
     try:
         res = {}
         for r, x in d["resources"].items():

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..topology import NO_LINK_RANK, NodeTopology
+from ..topology import NEAR_PCIE_CLASSES, NO_LINK_RANK, NodeTopology
 from .pools import gpu_pool
 
-_NEAR_NIC = ("PIX", "PXB")
+_NEAR_NIC = NEAR_PCIE_CLASSES
 #: Score of the PCIe path class under a link, for the tie-break after total bandwidth
 #: (criterion 2b): same switch > several switches > same host bridge (root complex) >
 #: same socket > across sockets; 0 when the class is unknown (a direct link whose

@@ -31,14 +31,11 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from ..errors import RequestError
-from ..topology import NodeTopology
+from ..topology import NIC_BANDWIDTH_GBPS, NodeTopology
 from .model import allreduce_bandwidth_gbps
 
-#: Modeled per-direction bandwidth of one NIC, GB/s, by kind: an RDMA NIC at 400 Gb/s
-#: (ConnectX-7 NDR InfiniBand / RoCE, the NIC of GB200 NVL72 compute trays and HGX H100
-#: reference designs) and a plain 100 Gb/s Ethernet NIC. A node whose NICs run at another
-#: rate says so in :attr:`NodePlace.network_gbps`.
-NIC_GBPS: dict[str, float] = {"rdma": 50.0, "ethernet": 12.5}
+#: Modeled per-direction bandwidth of one NIC, GB/s, by kind (:data:`rayaccel.topology.NIC_BANDWIDTH_GBPS`).
+NIC_GBPS = NIC_BANDWIDTH_GBPS
 #: Longest domain name or level name/value accepted (Ray label values are at most 63 characters).
 MAX_NAME = 253
 #: Most network levels a node may carry.

@@ -18,7 +18,7 @@ from rayaccel.discovery.rayspec import RaySpec, ray_node_resources, spec_for
 from rayaccel.errors import BackendError, TopologyError
 from rayaccel.placement.pools import gpu_pool, mig_pools
 from rayaccel.topology import NodeTopology
-from rayaccel.contract import LABEL_PREFIX, NODE_KEY_LABEL, label_value, node_resource, valid_key
+from rayaccel.contract import RECORD_SCHEMA, LABEL_PREFIX, NODE_KEY_LABEL, label_value, load_json, node_resource, valid_key
 
 log = logging.getLogger(__name__)
 GPU = "GPU"
@@ -104,7 +104,7 @@ class NodeRecord:
 
     def to_json(self) -> str:
         """Serialise (compact JSON)."""
-        return json.dumps({"node_key": self.node_key, "simulated": self.simulated,
+        return json.dumps({"schema": RECORD_SCHEMA, "node_key": self.node_key, "simulated": self.simulated,
                            "topology": self.topology.to_dict()}, separators=(",", ":"))
 
     @classmethod
@@ -114,16 +114,8 @@ class NodeRecord:
         Raises:
             TopologyError: malformed, too large, too deeply nested, or a bad node key (names ``where``).
         """
-        if len(text) > MAX_RECORD_BYTES:
-            raise TopologyError(f"rayaccel node record is {len(text)} bytes (at most {MAX_RECORD_BYTES})", where)
-        try:
-            data = json.loads(text)
-        except RecursionError:
-            raise TopologyError("rayaccel node record is nested too deeply to be a record", where) from None
-        except ValueError as e:
-            raise TopologyError(f"rayaccel node record is not JSON: {e}", where) from None
-        if not isinstance(data, dict):
-            raise TopologyError(f"rayaccel node record must be a JSON object, got {type(data).__name__}", where)
+        data = load_json(text, what="rayaccel node record", max_bytes=MAX_RECORD_BYTES, error=TopologyError,
+                         where=where, schema=RECORD_SCHEMA, schema_optional=True)
         key = data.get("node_key")
         if not valid_key(key):
             raise TopologyError(f"rayaccel node record: bad node_key {key!r} (12 hex chars)", where)

@@ -19,7 +19,8 @@ from .codec import SCHEMA
 from .domain import Domain, nvlink_domain, nvlink_domain_reason
 from .model import (
     DIRECT_KINDS, FABRIC_STATES, HEALTH_STATES, LANE_BANDWIDTH_GBPS, LINK_KINDS, MAX_DEVICES, MAX_INDEX, MAX_ITEMS,
-    MAX_LANE_GBPS, MAX_LANES, MAX_MEMORY_BYTES, MAX_MIG_SLOTS, MAX_TEXT, NO_LINK_RANK, PCIE_BANDWIDTH_GBPS,
+    MAX_LANE_GBPS, MAX_LANES, MAX_MEMORY_BYTES, MAX_MIG_SLOTS, MAX_TEXT, NEAR_PCIE_CLASSES, NIC_BANDWIDTH_GBPS,
+    NO_LINK_RANK, PCIE_BANDWIDTH_GBPS,
     PCIE_CLASSES, UNKNOWN_PAIR_BANDWIDTH_GBPS, Device, Fabric, Link, MigProfile, Nic, Partition, Slice, make_link,
 )
 from .nics import near_nics
@@ -28,7 +29,7 @@ from .node import NodeTopology
 __all__ = [
     "DIRECT_KINDS", "Domain", "FABRIC_STATES", "HEALTH_STATES", "LANE_BANDWIDTH_GBPS", "LINK_KINDS", "MAX_DEVICES",
     "MAX_INDEX", "MAX_ITEMS", "MAX_LANES", "MAX_LANE_GBPS", "MAX_MEMORY_BYTES", "MAX_MIG_SLOTS", "MAX_TEXT",
-    "NO_LINK_RANK", "PCIE_BANDWIDTH_GBPS", "PCIE_CLASSES", "SCHEMA", "UNKNOWN_PAIR_BANDWIDTH_GBPS", "Device",
+    "NEAR_PCIE_CLASSES", "NIC_BANDWIDTH_GBPS", "NO_LINK_RANK", "PCIE_BANDWIDTH_GBPS", "PCIE_CLASSES", "SCHEMA", "UNKNOWN_PAIR_BANDWIDTH_GBPS", "Device",
     "Fabric", "Link", "MigProfile", "Nic", "NodeTopology", "Partition", "Slice", "make_link", "near_nics", "nvlink_domain",
     "nvlink_domain_reason",
 ]

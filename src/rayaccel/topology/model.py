@@ -55,6 +55,17 @@ LANE_BANDWIDTH_GBPS: dict[str, float] = {"nvlink": 25.0, "xgmi": 50.0, "neuronli
 #: less through host bridges and much less across the CPU interconnect).
 PCIE_BANDWIDTH_GBPS: dict[str, float] = {"PIX": 24.0, "PXB": 22.0, "PHB": 18.0, "NODE": 14.0, "SYS": 10.0}
 
+#: PCIe path classes between a device and a NIC (or a peer) close enough to be "near": on the same
+#: PCIe switch (PIX) or through several switches without the host bridge (PXB). GPUDirect RDMA, the
+#: NIC named for a device (``UCX_NET_DEVICES``, ``near_nics``) and CUDA IPC's peer mapping use these.
+NEAR_PCIE_CLASSES: tuple[str, ...] = ("PIX", "PXB")
+
+#: Modeled per-direction bandwidth of one NIC, GB/s, by kind: an RDMA NIC at 400 Gb/s (ConnectX-7 NDR
+#: InfiniBand / RoCE: the NIC of GB200 NVL72 compute trays and HGX H100 reference designs) and a plain
+#: 100 Gb/s Ethernet NIC. The one figure the transfer model and the cross-node gang model both use; a
+#: node whose NICs run at another rate says so (``NodePlace.network_gbps``).
+NIC_BANDWIDTH_GBPS: dict[str, float] = {"rdma": 50.0, "ethernet": 12.5}
+
 #: Bandwidth used for a pair of devices with no link record at all, GB/s.
 UNKNOWN_PAIR_BANDWIDTH_GBPS = PCIE_BANDWIDTH_GBPS["SYS"]
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .model import NEAR_PCIE_CLASSES
 from .node import NodeTopology
 
 #: PCIe classes close enough to pin a GPU's RDMA traffic to, nearest first.
-NEAR_CLASSES = ("PIX", "PXB")
+NEAR_CLASSES = NEAR_PCIE_CLASSES
 
 
 def near_nics(topology: NodeTopology, devices: Iterable[int]) -> tuple[str, ...]:
