@@ -12,6 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rayaccel.ray import _ray_private as _rp  # noqa: E402
+
+if _rp.release_tuple() < _rp.TRANSPORT.since:  # the older path (object store, one warning): test_private_api.py
+    pytest.skip(f"Ray {_rp.release()} does not carry {_rp.TRANSPORT.name} (Ray >= {_rp.TRANSPORT.since_text})",
+                allow_module_level=True)
+
 from rayaccel.errors import TransportError  # noqa: E402
 from rayaccel.memory.owners import SHM_DIR  # noqa: E402
 from rayaccel.ray.rdt import shm  # noqa: E402

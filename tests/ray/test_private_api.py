@@ -1,55 +1,126 @@
-"""Ray's private API that rayaccel relies on is where ``_ray_private`` expects it, in the pinned Ray.
+"""Ray's private API that rayaccel relies on is where ``_ray_private`` expects it, in the installed Ray.
 
-If one of these fails after a Ray upgrade, rayaccel would misplace work silently:
-fix ``src/rayaccel/ray/_ray_private.py`` (and only it) before anything else.
+rayaccel supports every Ray release from 2.48 to 2.60 (``.ci/ray-oldest`` runs these tests on
+2.48, ``scripts/ray_matrix.py`` on every release). Each test names what it checks and the
+installed release; if one fails, that release moved an API rayaccel relies on, and rayaccel
+would misplace work silently: fix ``src/rayaccel/ray/_ray_private.py`` (and only it) first.
+A test of a feature the release does not carry (``rp.FEATURES``) is skipped, saying so.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 
+import pytest
 import ray
 
 from rayaccel.ray import _ray_private as rp
-def test_pinned_ray_version():
-    assert ray.__version__.startswith("2.60."), f"rayaccel is checked against Ray 2.60, this is {ray.__version__}"
+
+RELEASE = ray.__version__
+HAVE = rp.release_tuple(RELEASE)
+
+
+def moved(what: str, why: str) -> str:
+    """The message of a failure: the release moved ``what``."""
+    return f"Ray {RELEASE} moved {what} ({why}): fix rayaccel/ray/_ray_private.py for this release"
+
+
+def needs(feature: rp.Feature):
+    return pytest.mark.skipif(HAVE < feature.since, reason=f"Ray {RELEASE} does not carry {feature.name} "
+                              f"(Ray >= {feature.since_text})")
+
+
+def test_a_supported_ray_release():
+    assert rp.OLDEST <= HAVE <= rp.NEWEST, (
+        f"rayaccel supports Ray {rp.OLDEST[0]}.{rp.OLDEST[1]} to {rp.NEWEST[0]}.{rp.NEWEST[1]}, this is Ray {RELEASE}")
+    assert rp.release() == RELEASE
+
+
+@pytest.mark.parametrize("feature", rp.FEATURES, ids=lambda f: f.name)
+def test_capabilities_say_what_the_release_carries(feature):
+    """``capabilities()`` finds each feature in Ray itself; the table says which release brings it: they agree."""
+    found = rp.capabilities()[feature.name]
+    expected = HAVE >= feature.since
+    assert found == expected, (
+        moved(f"what _ray_private._carries probes for {feature.name!r}", f"found={found}, but the feature came "
+              f"with Ray {feature.since_text}") if expected else
+        f"Ray {RELEASE} carries {feature.name!r}, which _ray_private.FEATURES dates to Ray {feature.since_text}: "
+        f"correct the table")
 
 
 def test_the_gpu_id_function_has_the_signature_the_hook_wraps():
     fn = rp.worker_class().get_accelerator_ids_for_accelerator_resource
-    assert list(inspect.signature(fn).parameters) == ["self", "resource_name", "resource_regex"]
+    assert list(inspect.signature(fn).parameters) == ["self", "resource_name", "resource_regex"], moved(
+        "ray._private.worker.Worker.get_accelerator_ids_for_accelerator_resource", "its parameters")
     # every public view of the grant goes through it
     src = inspect.getsource(ray._private.worker.get_gpu_ids)
-    assert "get_accelerator_ids_for_accelerator_resource" in src
+    assert "get_accelerator_ids_for_accelerator_resource" in src, moved("ray.get_gpu_ids", "no longer calls it")
     src = inspect.getsource(ray.runtime_context.RuntimeContext.get_accelerator_ids)
-    assert "get_accelerator_ids_for_accelerator_resource" in src
+    assert "get_accelerator_ids_for_accelerator_resource" in src, moved(
+        "RuntimeContext.get_accelerator_ids", "no longer calls it")
 
 
 def test_set_visible_accelerator_ids_reads_the_runtime_context():
     from ray._private import utils
 
-    assert hasattr(utils, "set_visible_accelerator_ids") and hasattr(utils, "reset_visible_accelerator_env_vars")
+    assert hasattr(utils, "set_visible_accelerator_ids"), moved("ray._private.utils.set_visible_accelerator_ids",
+                                                                "gone")
     src = inspect.getsource(utils.set_visible_accelerator_ids)
-    assert "get_accelerator_ids()" in src and "set_current_process_visible_accelerator_ids" in src
+    assert "get_accelerator_ids()" in src and "set_current_process_visible_accelerator_ids" in src, moved(
+        "ray._private.utils.set_visible_accelerator_ids", "no longer writes the runtime context's ids")
+    ret = inspect.signature(utils.set_visible_accelerator_ids).return_annotation
+    if HAVE >= rp.TASK_END.since:  # it returns what reset_visible_accelerator_env_vars restores
+        assert "None" != str(ret) and hasattr(utils, "reset_visible_accelerator_env_vars"), moved(
+            "ray._private.utils.reset_visible_accelerator_env_vars", f"set_visible returns {ret}")
+        assert len(inspect.signature(utils.reset_visible_accelerator_env_vars).parameters) == 1, moved(
+            "ray._private.utils.reset_visible_accelerator_env_vars", "the wrap passes one argument")
+    else:  # _ray_private.install passes {} to the hook and wraps no reset
+        assert str(ret) == "None" and not hasattr(utils, "reset_visible_accelerator_env_vars"), moved(
+            "ray._private.utils.set_visible_accelerator_ids", f"returns {ret} before Ray {rp.TASK_END.since_text}")
 
 
 def test_default_worker_imports_preload_modules_before_its_loop():
     from ray._private.workers import default_worker
 
     src = inspect.getsource(default_worker)
-    assert "--worker-preload-modules" in src and "try_import_each_module" in src
-    assert src.index("try_import_each_module") < src.index("worker.main_loop()")
+    assert "--worker-preload-modules" in src and "try_import_each_module" in src, moved(
+        "ray._private.workers.default_worker", "no --worker-preload-modules")
+    assert src.index("try_import_each_module") < src.index("worker.main_loop()"), moved(
+        "default_worker's preload", "after the main loop")
 
 
 def test_the_raylet_knows_the_configs_rayaccel_sets():
-    import os
-
     raylet = os.path.join(os.path.dirname(ray.__file__), "core", "src", "ray", "raylet", "raylet")
     with open(raylet, "rb") as f:
         blob = f.read()
-    assert b"preload_python_modules" in blob and b"custom_unit_instance_resources" in blob
-    for name in rp.UNIT_INSTANCE_DEFAULT:  # the default list rayaccel repeats when it extends it
-        assert name.encode() in blob
+    for config in (b"preload_python_modules", b"custom_unit_instance_resources"):
+        assert config in blob, moved(f"the raylet config {config.decode()}", "not in the raylet binary")
+    # the default list rayaccel repeats when it extends it: exactly this release's
+    default = ",".join(rp.unit_instance_default())
+    assert (default + "\0").encode() in blob, moved(
+        "the default of custom_unit_instance_resources", f"not {default!r}: _ray_private._UNIT_INSTANCE_SINCE")
+
+
+def test_option_tables_and_checks_rayaccel_validates_with():
+    rou = rp.option_utils()
+    for name in ("task_options", "actor_options"):
+        assert isinstance(getattr(rou, name, None), dict), moved(f"{rou.__name__}.{name}", "gone")
+    for name in ("validate_task_options", "validate_actor_options"):
+        assert list(inspect.signature(getattr(rou, name)).parameters)[:2] == ["options", "in_options"], moved(
+            f"{rou.__name__}.{name}", "rayaccel calls it with (options, in_options=)")
+    assert "label_selector" in rou.task_options and "label_selector" in rou.actor_options, moved(
+        "the label_selector option", "rayaccel.remote chooses nodes with it")
+
+
+def test_the_node_temp_dir_is_read_from_the_global_node():
+    from ray._private import worker
+
+    assert hasattr(worker, "_global_node"), moved("ray._private.worker._global_node", "gone")
+    from ray._private.node import Node
+
+    assert callable(getattr(Node, "get_temp_dir_path", None)), moved("Node.get_temp_dir_path", "gone")
 
 
 def test_grant_parsing_of_placement_group_resources():
@@ -80,6 +151,7 @@ def test_state_and_kv_functions_exist():
 
 
 # ------------------------------------------------------------------- Ray Direct Transport
+@needs(rp.TRANSPORT)
 def test_every_rdt_entry_point_calls_the_wrapped_registration_first():
     """rayaccel.ray.rdt registers its transport inside ``_ensure_default_transports_registered``."""
     from ray.experimental.rdt import util
@@ -97,11 +169,13 @@ def test_every_rdt_entry_point_calls_the_wrapped_registration_first():
     assert "has_custom_transports" in src
 
 
+@needs(rp.TRANSPORT)
 def test_rdt_gives_tensor_transport_actors_the_short_call_group():
     src = inspect.getsource(ray.actor)
     assert f'_filled_options["concurrency_groups"]["{rp.RDT_SERVE_GROUP}"] = 1' in src
 
 
+@needs(rp.TRANSPORT)
 def test_the_transport_interface_rayaccel_implements():
     from ray.experimental.rdt.tensor_transport_manager import TensorTransportManager
 
@@ -117,6 +191,7 @@ def test_the_transport_interface_rayaccel_implements():
             inspect.signature(getattr(RayaccelTransport, name)).parameters)
 
 
+@needs(rp.TRANSPORT)
 def test_rays_nixl_manager_has_what_the_transport_calls():
     from ray.experimental.rdt.nixl_tensor_transport import NixlCommunicatorMetadata, NixlTensorTransport
 
@@ -130,6 +205,47 @@ def test_rays_nixl_manager_has_what_the_transport_calls():
         assert list(inspect.signature(getattr(NixlTensorTransport, name)).parameters) == params, name
     # a timed-out wait leaves the request alive (the transport polls it in slices)
     assert "except TimeoutError:\n            raise" in inspect.getsource(NixlTensorTransport.wait_fetch_complete)
+
+
+def test_where_this_release_checks_a_transports_name():
+    """Before 2.56 ``_ray_private.adopt_rdt_module`` lets ``"rayaccel"`` through Ray's own check of the name."""
+    src = inspect.getsource(ray.actor)
+    if HAVE >= (2, 55):
+        where, fn = rp.RDT_NAME_MODULES[0], "normalize_and_validate_tensor_transport"
+    elif HAVE >= (2, 53):
+        where, fn = rp.RDT_NAME_MODULES[1], "normalize_and_validate_tensor_transport"
+    else:
+        where, fn = rp.RDT_NAME_MODULES[2], "from_str"
+        assert "TensorTransportEnum.from_str(" in src, moved("ray.method's check of tensor_transport", "not from_str")
+        from ray._private.custom_types import TensorTransportEnum
+
+        assert hasattr(TensorTransportEnum, "OBJECT_STORE"), moved("TensorTransportEnum.OBJECT_STORE", "gone")
+        return
+    assert f"from {where} import" in src and f"{fn}(" in src, moved(
+        "ray.method's check of tensor_transport", f"not {where}.{fn}")
+    import importlib
+
+    assert callable(getattr(importlib.import_module(where), fn, None)), moved(f"{where}.{fn}", "gone")
+
+
+def test_the_rayaccel_transport_name_works_on_this_release(caplog):
+    """2.56+: registered (Ray knows the name); older: Ray's object store, with one warning naming the release."""
+    import rayaccel  # noqa: F401 - installs the transport's registration
+
+    caplog.set_level(logging.WARNING, logger="rayaccel")
+
+    def f(self):
+        return 1
+
+    for _ in range(2):
+        ray.method(tensor_transport="rayaccel")(f)
+    lines = [r.getMessage() for r in caplog.records if "tensor transport" in r.getMessage()]
+    if HAVE >= rp.TRANSPORT.since:
+        assert f.__ray_tensor_transport__ == "RAYACCEL" and not lines
+    else:
+        assert str(getattr(f.__ray_tensor_transport__, "name", f.__ray_tensor_transport__)) in ("OBJECT_STORE", "None")
+        assert len(lines) <= 1 and all(f"Ray {RELEASE}" in m and "2.56" in m for m in lines)
+        assert lines or "rayaccel tensor transport" in rp._warned  # said once per process (maybe earlier)
 
 
 def test_torchs_cuda_ipc_rebuild_takes_the_device_seventh():

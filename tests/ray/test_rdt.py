@@ -24,6 +24,12 @@ pytest.importorskip("nixl")
 
 pytestmark = pytest.mark.ray
 
+from rayaccel.ray import _ray_private as _rp  # noqa: E402
+
+if _rp.release_tuple() < _rp.TRANSPORT.since:  # the older path (object store, one warning): test_private_api.py
+    pytest.skip(f"Ray {_rp.release()} does not carry {_rp.TRANSPORT.name} (Ray >= {_rp.TRANSPORT.since_text})",
+                allow_module_level=True)
+
 MiB = 1 << 20
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool", "complex64", "float64")
 

@@ -35,12 +35,28 @@ internals, each named here once, so that a Ray upgrade that moves one fails
   every actor with ``enable_tensor_transport=True`` (a producer serves the transport's
   requests there: that group only ever runs short calls, so a request never waits
   behind a transfer and two actors fetching from each other cannot deadlock).
+
+Every Ray release from 2.48 to 2.60 (what each lacks: :data:`FEATURES`,
+:func:`capabilities`; the table: ``docs/compatibility-ray.md``). The variants:
+
+* 2.48-2.49: ``set_visible_accelerator_ids`` returns nothing and there is no
+  ``reset_visible_accelerator_env_vars``: a task's grant is released when its worker's next
+  task starts or the worker exits (Ray reuses no GPU task's worker by default).
+* 2.48: Ray's option tables are ``ray._private.ray_option_utils`` (``ray._common`` since 2.49).
+* RDT: the ``rayaccel`` transport needs 2.56 (``ray.experimental.rdt`` with one-sided
+  fetches). Before, the name ``"rayaccel"`` is let through Ray's own check of a transport
+  name as "no transport" (the object store), with one warning: 2.55 checks it in
+  ``ray.experimental.rdt.util``, 2.53-2.54 in ``ray.experimental.gpu_object_manager.util``,
+  2.48-2.52 in ``ray._private.custom_types.TensorTransportEnum.from_str``.
+* Ray's default ``custom_unit_instance_resources`` grew by release
+  (:func:`unit_instance_default`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, NamedTuple
 
 #: Ray's resource name for GPUs (NVIDIA, AMD, Intel all use it).
 GPU = "GPU"
@@ -50,6 +66,8 @@ PRELOAD_ENV = "RAY_preload_python_modules"
 UNIT_INSTANCE_ENV = "RAY_custom_unit_instance_resources"
 #: Ray 2.60's default for ``custom_unit_instance_resources`` (src/ray/common/ray_config_def.h).
 UNIT_INSTANCE_DEFAULT = ("neuron_cores", "TPU", "NPU", "HPU", "RBLN", "FURIOSA", "TTNPU", "MBLT")
+#: The release that added each name to that default (read from each release's raylet binary).
+_UNIT_INSTANCE_SINCE = {"RBLN": (2, 49), "FURIOSA": (2, 56), "TTNPU": (2, 58), "MBLT": (2, 59)}
 #: Placement-group resources are ``<resource>_group_<i>_<pg>`` (a bundle's units) and
 #: ``<resource>_group_<pg>`` (the group's wildcard); parsed without regular expressions (this
 #: module is on every worker's start-up path).
@@ -192,7 +210,9 @@ def install(get_ids: Callable, after_set_visible: Callable, after_task: Callable
     runs after ``set_visible_accelerator_ids`` (before every normal task and at actor
     creation) and returns the (extended) saved variables; ``after_task()`` runs after
     ``reset_visible_accelerator_env_vars``, which ``_raylet.pyx`` calls when a normal
-    task's code has returned (never for actors).
+    task's code has returned (never for actors). Ray 2.48-2.49 have no reset (their
+    ``set_visible_accelerator_ids`` saves nothing): ``after_set_visible`` gets ``{}`` and
+    ``after_task`` is never called (the next grant or the worker's exit releases).
 
     Returns:
         True when installed now, False when it already was.
@@ -214,19 +234,23 @@ def install(get_ids: Callable, after_set_visible: Callable, after_task: Callable
 
     @functools.wraps(orig_set)
     def set_visible():
-        return after_set_visible(orig_set())
+        saved = orig_set()
+        if saved is None:  # Ray < 2.50: nothing is restored after the task
+            after_set_visible({})
+            return None
+        return after_set_visible(saved)
 
     utils.set_visible_accelerator_ids = set_visible
-    orig_reset = utils.reset_visible_accelerator_env_vars
+    orig_reset = getattr(utils, "reset_visible_accelerator_env_vars", None)  # Ray >= 2.50
+    if orig_reset is not None:
+        @functools.wraps(orig_reset)
+        def reset(saved):
+            try:
+                return orig_reset(saved)
+            finally:
+                after_task()
 
-    @functools.wraps(orig_reset)
-    def reset(saved):
-        try:
-            return orig_reset(saved)
-        finally:
-            after_task()
-
-    utils.reset_visible_accelerator_env_vars = reset
+        utils.reset_visible_accelerator_env_vars = reset
     _PATCHED = True
     return True
 
@@ -275,9 +299,251 @@ def kv_multi_get(keys: list[str], namespace: str) -> dict[str, bytes]:
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in got.items()}
 
 
+def option_utils() -> Any:
+    """Ray's table and checks of task/actor options (``ray._common.ray_option_utils``; 2.48: ``ray._private``)."""
+    try:
+        from ray._common import ray_option_utils
+    except ImportError:  # Ray 2.48
+        from ray._private import ray_option_utils
+    return ray_option_utils
+
+
+def node_temp_dir() -> str | None:
+    """The temp dir of the Ray node this process belongs to (None when not connected)."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    if node is None:
+        return None
+    try:
+        return node.get_temp_dir_path()
+    except AttributeError:
+        return None
+
+
+def raylet_pid(node: Any = None) -> int | None:
+    """The raylet's pid of ``node`` (a ``ray.cluster_utils.Cluster`` node; default: the node this process
+    started, as ``ray.init()`` does), or None when this process did not start it."""
+    from ray._private import ray_constants, worker
+
+    node = node if node is not None else getattr(worker, "_global_node", None)
+    try:
+        procs = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET) or []
+        return int(procs[0].process.pid) if procs else None
+    except (AttributeError, IndexError):
+        return None
+
+
+# ------------------------------------------------------------------- releases and features
+#: The releases rayaccel supports (``pyproject.toml``: ``ray>=2.48,<2.61``).
+OLDEST = (2, 48)
+NEWEST = (2, 60)
+
+
+class Feature(NamedTuple):
+    """A Ray feature rayaccel uses where the installed release carries it (a NamedTuple, not a frozen
+    dataclass: ``import rayaccel`` imports this module, and ``dataclasses`` would add ~4 ms to it).
+
+    Attributes:
+        name: short name (doctor, the compatibility table). since: the first Ray release with it.
+        gives: what rayaccel does with it. without: what happens on a release without it.
+    """
+
+    name: str
+    since: tuple[int, int]
+    gives: str
+    without: str
+
+    @property
+    def since_text(self) -> str:
+        return f"{self.since[0]}.{self.since[1]}"
+
+
+TASK_END = Feature("task-end release", (2, 50), "a normal task's devices are free for the arbiter's choice the "
+                   "moment its code returns (reset_visible_accelerator_env_vars)",
+                   "a task's devices are released when its worker's next task starts or the worker exits")
+LABEL_SELECTORS = Feature("label selectors", (2, 48), "rayaccel.remote names the nodes that could serve a request "
+                          "(label_selector)", "rayaccel.remote cannot choose nodes")
+TRANSPORT = Feature("rayaccel tensor transport", (2, 56), 'tensor_transport="rayaccel": one-sided Ray Direct '
+                    "Transport, the fastest path per consumer", "its tensors go through Ray's object store")
+TOPOLOGY_STRATEGY = Feature("topology_strategy", (2, 57), 'Ray\'s placement_group(topology_strategy={"ray.io/gpu-domain": '
+                            '"STRICT_PACK", ...}) over the domain labels rayaccel sets',
+                            "Ray's placement_group rejects topology_strategy (rayaccel.gang still keeps a gang in "
+                            "one NVLink domain)")
+#: Ray checks a bundle's label selector when it places a placement group's bundles from 2.50 (ray-project/ray#55599;
+#: 2.48-2.49 accept ``bundle_label_selector`` and ignore it), and under STRICT_PACK only later (#60170): pinned
+#: bundles therefore use PACK.
+BUNDLE_LABELS = Feature("bundle label selectors", (2, 50), "rayaccel.gang pins each bundle to its planned node "
+                        "(bundle_label_selector on rayaccel.io/node-key)", "rayaccel.gang's bundles are not pinned: "
+                        "Ray places them by PACK (one-node gangs by STRICT_PACK), so the planned nodes (and NVLink "
+                        "domain) are not enforced")
+#: Every feature whose presence depends on the release, oldest first.
+FEATURES = (LABEL_SELECTORS, TASK_END, BUNDLE_LABELS, TRANSPORT, TOPOLOGY_STRATEGY)
+
+
+def release() -> str:
+    """The installed Ray's version (``ray.__version__``; read without importing ray when it is not imported)."""
+    ray = sys.modules.get("ray")
+    version = getattr(ray, "__version__", None)
+    if version is None:
+        from importlib.metadata import version as dist_version
+
+        version = dist_version("ray")
+    return version
+
+
+def release_tuple(text: str | None = None) -> tuple[int, int]:
+    """``(major, minor)`` of ``text`` (default: the installed release)."""
+    major, minor = (text or release()).split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def unit_instance_default() -> tuple[str, ...]:
+    """The installed release's default ``custom_unit_instance_resources`` (setting the variable replaces it)."""
+    have = release_tuple()
+    return tuple(n for n in UNIT_INSTANCE_DEFAULT if have >= _UNIT_INSTANCE_SINCE.get(n, OLDEST))
+
+
+def _carries(feature: Feature) -> bool:
+    """Whether the installed Ray carries ``feature``, found in Ray itself (not from its version)."""
+    import importlib.util
+    import inspect
+
+    if feature is TASK_END:
+        from ray._private import utils
+
+        return hasattr(utils, "reset_visible_accelerator_env_vars")
+    if feature is LABEL_SELECTORS:
+        return "label_selector" in option_utils().task_options
+    if feature is TRANSPORT:
+        if importlib.util.find_spec("ray.experimental.rdt") is None:
+            return False
+        from ray.experimental.rdt import util
+
+        return _one_sided_rdt(util)
+    if feature is BUNDLE_LABELS:  # a fix, not an API: the parameter and the release both
+        from ray.util.placement_group import placement_group
+
+        return ("bundle_label_selector" in inspect.signature(placement_group).parameters
+                and release_tuple() >= BUNDLE_LABELS.since)
+    if feature is TOPOLOGY_STRATEGY:
+        from ray.util.placement_group import placement_group
+
+        return "topology_strategy" in inspect.signature(placement_group).parameters
+    raise ValueError(f"unknown feature {feature.name!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def capabilities() -> dict[str, bool]:
+    """Feature name -> whether the installed Ray carries it (every :data:`FEATURES`; imports ray)."""
+    return {f.name: _carries(f) for f in FEATURES}
+
+
+def can_pin_bundles() -> bool:
+    """Whether this Ray pins a placement-group bundle to a node by its labels (:data:`BUNDLE_LABELS`)."""
+    return capabilities()[BUNDLE_LABELS.name]
+
+
+def missing_line(feature: Feature) -> str:
+    """One line: ``feature`` needs which release, and what this one does instead."""
+    return f"{feature.name} needs Ray >= {feature.since_text} (this is Ray {release()}): {feature.without}"
+
+
+_warned: set[str] = set()
+
+
+def warn_missing(feature: Feature) -> None:
+    """Log :func:`missing_line` once per process (at the first use of a feature this Ray lacks)."""
+    if feature.name in _warned:
+        return
+    _warned.add(feature.name)
+    import logging
+
+    logging.getLogger("rayaccel").warning("rayaccel: %s", missing_line(feature))
+
+
 # ------------------------------------------------------------------- Ray Direct Transport
-#: Ray's RDT helpers module (imported by ``import ray`` itself).
+#: Ray's RDT helpers module (imported by ``import ray`` itself; Ray >= 2.55).
 RDT_UTIL = "ray.experimental.rdt.util"
+#: Where each release range checks a transport's name (newest first): 2.55+, 2.53-2.54, 2.48-2.52.
+RDT_NAME_MODULES = (RDT_UTIL, "ray.experimental.gpu_object_manager.util", "ray._private.custom_types")
+
+
+def adopt_rdt_module(module: Any, name: str, register: Callable[[], None]) -> bool:
+    """A module of :data:`RDT_NAME_MODULES` has loaded: make ``tensor_transport=name`` work with this release.
+
+    Ray >= 2.56: ``register()`` runs after ``_ensure_default_transports_registered``
+    (:func:`wrap_rdt_registration`). Older: Ray's check of a transport's name lets ``name``
+    through as "no transport" (the object store) with one warning (:func:`warn_missing`).
+    Idempotent.
+
+    Returns:
+        True when this module settles it for the release (no other module needs watching).
+    """
+    if module.__name__ == RDT_UTIL:
+        if _one_sided_rdt(module):
+            wrap_rdt_registration(module, register)
+        else:  # 2.55: custom transports, but not the one-sided fetches rayaccel's is built on
+            _gate(module, "normalize_and_validate_tensor_transport", name, None)
+        return True
+    if module.__name__ == RDT_NAME_MODULES[1]:  # 2.53-2.54
+        return _gate(module, "normalize_and_validate_tensor_transport", name, "OBJECT_STORE")
+    enum = getattr(module, "TensorTransportEnum", None)  # 2.48-2.52 (later releases keep the enum, unused)
+    if enum is not None and hasattr(enum, "from_str") and hasattr(enum, "OBJECT_STORE"):
+        orig = enum.from_str
+        if not getattr(orig, "__rayaccel_wrapped__", False):
+            def from_str(cls: Any, text: str) -> Any:
+                if isinstance(text, str) and text.lower() == name:
+                    warn_missing(TRANSPORT)
+                    return cls.OBJECT_STORE
+                return orig(text)
+
+            from_str.__rayaccel_wrapped__ = True  # type: ignore[attr-defined]
+            enum.from_str = classmethod(from_str)
+    return False
+
+
+def _one_sided_rdt(util: Any) -> bool:
+    """Does this ``ray.experimental.rdt.util`` take custom one-sided transports (register, fetch requests)?"""
+    import importlib
+
+    ttm = importlib.import_module("ray.experimental.rdt.tensor_transport_manager")  # util imports it first
+    return (hasattr(util, "register_tensor_transport") and hasattr(util, "_ensure_default_transports_registered")
+            and hasattr(ttm, "FetchRequest"))
+
+
+def _gate(module: Any, fn_name: str, name: str, instead: Any) -> bool:
+    """Wrap ``module.fn_name`` (a transport name's check) so that ``name`` passes as ``instead``, warning once."""
+    orig = getattr(module, fn_name, None)
+    if orig is None:
+        return False
+    if getattr(orig, "__rayaccel_wrapped__", False):
+        return True
+
+    @functools.wraps(orig)
+    def check(tensor_transport: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensor_transport, str) and tensor_transport.lower() == name:
+            warn_missing(TRANSPORT)
+            return instead
+        return orig(tensor_transport, *args, **kwargs)
+
+    check.__rayaccel_wrapped__ = True  # type: ignore[attr-defined]
+    setattr(module, fn_name, check)
+    return True
+
+
+def rdt_interface() -> tuple[type, type, type, type]:
+    """``(CommunicatorMetadata, FetchRequest, TensorTransportManager, TensorTransportMetadata)`` (Ray >= 2.56)."""
+    from ray.experimental.rdt import tensor_transport_manager as m
+
+    return m.CommunicatorMetadata, m.FetchRequest, m.TensorTransportManager, m.TensorTransportMetadata
+
+
+def rdt_manager(name: str) -> Any:
+    """This process's ``TensorTransportManager`` for transport ``name`` (Ray's singleton, made on first use)."""
+    from ray.experimental.rdt.util import get_tensor_transport_manager
+
+    return get_tensor_transport_manager(name)
 #: The concurrency group RDT adds to tensor-transport actors for its abort calls (one thread).
 RDT_SERVE_GROUP = "_ray_system_error"
 
@@ -313,9 +579,7 @@ def rdt_registered(util: Any) -> dict:
 
 def nixl_manager() -> Any:
     """This process's NIXL ``TensorTransportManager`` (Ray's singleton; its agent starts on first use)."""
-    from ray.experimental.rdt.util import get_tensor_transport_manager
-
-    return get_tensor_transport_manager("NIXL")
+    return rdt_manager("NIXL")
 
 
 def nixl_communicator() -> Any:

@@ -132,7 +132,9 @@ def _validate_ray_options(ray_opts: dict, kind: str) -> None:
     Raises:
         RequestError: an option Ray does not know for ``kind`` or a bad value (names the option).
     """
-    from ray._common import ray_option_utils as rou
+    from rayaccel.ray import _ray_private as rp
+
+    rou = rp.option_utils()
 
     known = rou.task_options if kind == "task" else rou.actor_options
     validate = rou.validate_task_options if kind == "task" else rou.validate_actor_options

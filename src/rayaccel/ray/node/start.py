@@ -109,7 +109,9 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     spec = node_spec(topology)
     unit = [spec.resource] if spec is not None and spec.resource != "GPU" else []
     migs = [r for r in res if r.startswith("mig_")]
-    have = [r for r in (base.get(rp.UNIT_INSTANCE_ENV) or ",".join(rp.UNIT_INSTANCE_DEFAULT)).split(",") if r]
+    if not rp.capabilities()[rp.TASK_END.name]:  # Ray < 2.50: said once, at the first node this process starts
+        rp.warn_missing(rp.TASK_END)
+    have = [r for r in (base.get(rp.UNIT_INSTANCE_ENV) or ",".join(rp.unit_instance_default())).split(",") if r]
     extra = [r for r in (*migs, *unit) if r not in have]
     if extra:  # each instance of these needs its own slot id (Ray's default list has Neuron, TPU, HPU, NPU)
         env[rp.UNIT_INSTANCE_ENV] = ",".join(dict.fromkeys([*have, *extra]))

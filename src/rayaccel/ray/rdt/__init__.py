@@ -36,30 +36,37 @@ from typing import Any
 
 from .name import NAME
 
-_UTIL = "ray.experimental.rdt.util"
-
 _lock = threading.Lock()
 _registered = False
 
+_installed = False
 
 def install() -> bool:
     """Make ``tensor_transport="rayaccel"`` known to Ray in this process (idempotent, microseconds).
 
-    Never imports ``ray``: when Ray's RDT module is not imported yet, the wrap is done
-    the moment it is (an import hook that removes itself).
+    Never imports ``ray``: the modules where Ray checks a transport's name
+    (:data:`~rayaccel.ray._ray_private.RDT_NAME_MODULES`, one per release range) are adopted
+    when they are imported already, else the moment they are (an import hook that removes
+    itself once the release's module is seen). On Ray < 2.56 the name means Ray's object
+    store, with one warning at first use (:func:`~rayaccel.ray._ray_private.adopt_rdt_module`).
 
     Returns:
         True when this call installed it (now or on Ray's import), False when it already was.
     """
-    util = sys.modules.get(_UTIL)
-    if util is not None:
-        from .. import _ray_private as rp
+    global _installed
+    from .. import _ray_private as rp  # imports no ray
 
-        return rp.wrap_rdt_registration(util, _register)
     with _lock:
-        if any(isinstance(f, _WhenImported) for f in sys.meta_path):
+        if _installed:
             return False
-        sys.meta_path.insert(0, _WhenImported())
+        _installed = True
+    for name in rp.RDT_NAME_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and rp.adopt_rdt_module(module, NAME, _register):
+            return True
+    with _lock:
+        if not any(isinstance(f, _WhenImported) for f in sys.meta_path):
+            sys.meta_path.insert(0, _WhenImported())
     return True
 
 
@@ -73,7 +80,7 @@ def _register() -> None:
             return
         from .. import _ray_private as rp
 
-        util = sys.modules[_UTIL]
+        util = sys.modules[rp.RDT_UTIL]
         if NAME.upper() not in rp.rdt_registered(util):
             try:
                 import torch
@@ -87,31 +94,34 @@ def _register() -> None:
 
 
 class _WhenImported:
-    """A ``sys.meta_path`` finder that finds nothing itself: when Ray's RDT module is imported,
-    it wraps it once loaded, then leaves (duck-typed: ``importlib.abc`` costs an import)."""
+    """A ``sys.meta_path`` finder that finds nothing itself: when one of the modules where Ray checks a
+    transport's name is imported, it adopts it once loaded; it leaves once the release's module is seen
+    (duck-typed: ``importlib.abc`` costs an import)."""
+
+    def __init__(self) -> None:
+        from .. import _ray_private as rp
+
+        self._names = frozenset(rp.RDT_NAME_MODULES)
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _UTIL:
+        if name not in self._names:
             return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
         import importlib.machinery
 
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _Loader(spec.loader)
+        spec.loader = _Loader(spec.loader, self)
         return spec
 
 
 class _Loader:
-    """Ray's own loader, plus the wrap after the module ran."""
+    """Ray's own loader, plus the adoption after the module ran."""
 
-    def __init__(self, inner: Any):
+    def __init__(self, inner: Any, finder: _WhenImported):
         self._inner = inner
 
+        self._finder = finder
     def create_module(self, spec: Any) -> Any:
         return self._inner.create_module(spec)
 
@@ -119,7 +129,11 @@ class _Loader:
         self._inner.exec_module(module)
         from .. import _ray_private as rp
 
-        rp.wrap_rdt_registration(module, _register)
+        if rp.adopt_rdt_module(module, NAME, _register):
+            try:
+                sys.meta_path.remove(self._finder)
+            except ValueError:
+                pass
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tracebacks and inspect
         return getattr(self._inner, name)

@@ -30,13 +30,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ray.experimental.rdt.tensor_transport_manager import (
-    CommunicatorMetadata,
-    FetchRequest,
-    TensorTransportManager,
-    TensorTransportMetadata,
-)
-
 from ..._proc import start_time
 from ...errors import TransportError, TransportUnavailable
 from ...transfer import TensorPath
@@ -48,6 +41,8 @@ from .name import NAME
 log = logging.getLogger("rayaccel.ray.rdt")
 
 #: How often a waiting consumer checks for an abort and for its producer's death, seconds.
+# Ray's RDT interface (Ray >= 2.56; this module is imported only where the release carries it)
+CommunicatorMetadata, FetchRequest, TensorTransportManager, TensorTransportMetadata = rp.rdt_interface()
 POLL_S = 0.5
 
 
@@ -137,9 +132,7 @@ _MANAGER: "RayaccelTransport | None" = None
 def manager(create: bool = True) -> "RayaccelTransport | None":
     """This process's transport manager (Ray's singleton when Ray made it)."""
     if _MANAGER is None and create:
-        from ray.experimental.rdt.util import get_tensor_transport_manager
-
-        return get_tensor_transport_manager(NAME.upper())
+        return rp.rdt_manager(NAME.upper())
     return _MANAGER
 
 

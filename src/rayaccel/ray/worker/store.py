@@ -81,15 +81,10 @@ def _node_id() -> str | None:
 
 
 def _node_temp_dir() -> Path:
-    import ray
+    from rayaccel.ray import _ray_private as rp
 
-    node = getattr(ray._private.worker, "_global_node", None)  # the raylet's temp dir, shared by the node
-    if node is not None:
-        try:
-            return Path(node.get_temp_dir_path())
-        except AttributeError:
-            pass
-    return Path(tempfile.gettempdir())
+    node = rp.node_temp_dir()  # the raylet's temp dir, shared by the node
+    return Path(node) if node else Path(tempfile.gettempdir())
 
 
 def _alive_nodes() -> int:
