@@ -291,3 +291,15 @@ def test_one_grant_is_read_from_ray_in_one_call():
     assert calls == ["ids"]
     assert rg.function == rg.function == "m.f" and rg.node_id == rg.node_id == "ff"
     assert calls == ["ids", "function", "node"]
+
+
+def test_doctor_says_in_one_line_what_this_release_lacks():
+    from rayaccel.ray.driver.doctor import feature_row
+
+    row = feature_row(rp.capabilities(), RELEASE)
+    lacking = [f for f in rp.FEATURES if HAVE < f.since]
+    assert row.status == ("warn" if lacking else "ok") and "\n" not in row.detail
+    for f in lacking:
+        assert f"{f.name} (Ray >= {f.since_text}" in row.detail
+    old = feature_row({f.name: f is rp.LABEL_SELECTORS for f in rp.FEATURES}, "2.48.0")
+    assert old.status == "warn" and ">=2.57" in old.fix and "rayaccel tensor transport (Ray >= 2.56" in old.detail

@@ -1,6 +1,7 @@
 """The cluster half of ``rayaccel doctor``: what the driver computes across the nodes.
 
-Cluster-wide: the Ray and rayaccel versions of every node (and of this driver) agree; every node
+Cluster-wide: the Ray and rayaccel versions of every node (and of this driver) agree; the Ray
+features rayaccel uses that the installed release lacks (:func:`feature_row`, one line); every node
 runs rayaccel (a node started with plain ``ray start`` fails); every node's record is usable;
 the node agents answer; GPU requests that have waited longer than :data:`PENDING_S` and why no
 node can meet them; and the NVLink domains (:func:`domain_rows`): their sizes, a rack's cluster
@@ -20,6 +21,7 @@ from typing import Any, Mapping
 from rayaccel._version import __version__ as _rayaccel_version
 
 from rayaccel.ray.node import agent
+from rayaccel.ray import _ray_private as rp
 from rayaccel.ray.driver.view import view
 
 #: GPU requests waiting longer than this are reported, seconds.
@@ -75,6 +77,7 @@ def run(timeout_s: float = 15.0) -> list[Row]:
                                     "see the agent's log (ray logs)"))
             else:
                 rows.append(Row(k, "agent", "fail", f"the node agent did not answer within {timeout_s:.0f} s",
+    rows.append(feature_row(rp.capabilities(), ray.__version__))
                                 "check the node (ray status); restart it with `rayaccel start`"))
     rows += version_rows(facts, ray_driver=ray.__version__, rayaccel_driver=_rayaccel_version)
     for nid in v.unmanaged:
@@ -112,6 +115,23 @@ def version_rows(facts: dict[str, dict], *, ray_driver: str, rayaccel_driver: st
                             f"install the same {pkg} on every node (pip install '{pkg}=={distinct[-1]}') "
                             f"and restart them"))
     return rows
+def feature_row(carried: Mapping[str, bool], release: str) -> Row:
+    """One row: the Ray features rayaccel uses that this Ray ``release`` lacks, each with the release bringing it.
+
+    ``carried``: :func:`rayaccel.ray._ray_private.capabilities` (feature name -> carried).
+    """
+    missing = [f for f in rp.FEATURES if not carried.get(f.name, False)]
+    if not missing:
+        return Row("cluster", "ray features", "ok",
+                   f"Ray {release} carries every feature rayaccel uses ({', '.join(f.name for f in rp.FEATURES)})")
+    need = max(f.since for f in missing)
+    return Row("cluster", "ray features", "warn",
+               f"Ray {release} lacks " + "; ".join(f"{f.name} (Ray >= {f.since_text}; meanwhile {f.without})"
+                                                  for f in missing),
+               f"pip install 'ray[serve,train]>={need[0]}.{need[1]},<2.61' on every node and restart them "
+               "(docs/compatibility-ray.md)")
+
+
 
 
 def _node_rows(key: str, f: dict) -> list[Row]:
