@@ -77,9 +77,9 @@ def run(timeout_s: float = 15.0) -> list[Row]:
                                     "see the agent's log (ray logs)"))
             else:
                 rows.append(Row(k, "agent", "fail", f"the node agent did not answer within {timeout_s:.0f} s",
-    rows.append(feature_row(rp.capabilities(), ray.__version__))
                                 "check the node (ray status); restart it with `rayaccel start`"))
     rows += version_rows(facts, ray_driver=ray.__version__, rayaccel_driver=_rayaccel_version)
+    rows.append(feature_row(rp.capabilities(), ray.__version__))
     for nid in v.unmanaged:
         rows.append(Row(nid[:12], "rayaccel node", "fail", "this node runs without rayaccel (plain `ray start`): "
                         "its GPUs are handed out by Ray's lowest-index rule and it has no health watcher",
