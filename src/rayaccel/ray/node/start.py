@@ -103,14 +103,14 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     * ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` on NVIDIA nodes: CUDA numbers devices like NVML.
     """
     base = dict(os.environ if base is None else base)
+    if not rp.capabilities()[rp.TASK_END.name]:  # Ray < 2.50: said once, at the first node this process starts
+        rp.warn_missing(rp.TASK_END)
     pre = [m for m in (base.get(rp.PRELOAD_ENV) or "").split(",") if m and m != HOOK_MODULE]
     env = {rp.PRELOAD_ENV: ",".join([*pre, HOOK_MODULE]), NODE_DIR_ENV: str(directory), NODE_KEY_ENV: node_key}
     num_gpus, res = node_resources(topology, node_key)
     spec = node_spec(topology)
     unit = [spec.resource] if spec is not None and spec.resource != "GPU" else []
     migs = [r for r in res if r.startswith("mig_")]
-    if not rp.capabilities()[rp.TASK_END.name]:  # Ray < 2.50: said once, at the first node this process starts
-        rp.warn_missing(rp.TASK_END)
     have = [r for r in (base.get(rp.UNIT_INSTANCE_ENV) or ",".join(rp.unit_instance_default())).split(",") if r]
     extra = [r for r in (*migs, *unit) if r not in have]
     if extra:  # each instance of these needs its own slot id (Ray's default list has Neuron, TPU, HPU, NPU)

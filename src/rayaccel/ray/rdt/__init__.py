@@ -38,8 +38,8 @@ from .name import NAME
 
 _lock = threading.Lock()
 _registered = False
-
 _installed = False
+
 
 def install() -> bool:
     """Make ``tensor_transport="rayaccel"`` known to Ray in this process (idempotent, microseconds).
@@ -120,8 +120,8 @@ class _Loader:
 
     def __init__(self, inner: Any, finder: _WhenImported):
         self._inner = inner
-
         self._finder = finder
+
     def create_module(self, spec: Any) -> Any:
         return self._inner.create_module(spec)
 

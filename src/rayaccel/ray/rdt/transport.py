@@ -38,11 +38,11 @@ from . import choose, local, shm, telemetry
 from .gpu import from_ipc, ipc_handles, synchronize, to_device
 from .name import NAME
 
+# Ray's RDT interface (Ray >= 2.56; this module is imported only where the release carries it)
+CommunicatorMetadata, FetchRequest, TensorTransportManager, TensorTransportMetadata = rp.rdt_interface()
 log = logging.getLogger("rayaccel.ray.rdt")
 
 #: How often a waiting consumer checks for an abort and for its producer's death, seconds.
-# Ray's RDT interface (Ray >= 2.56; this module is imported only where the release carries it)
-CommunicatorMetadata, FetchRequest, TensorTransportManager, TensorTransportMetadata = rp.rdt_interface()
 POLL_S = 0.5
 
 
