@@ -58,6 +58,24 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def connect_cluster(address: str, as_json: bool = False) -> str:
+    """Resolve ``address`` (``auto``: the one Ray cluster here, see
+    :func:`rayaccel.ray.driver.ops.resolve_address`), print ``cluster: <address>`` as the first
+    line (not with ``--json``: its object carries ``address``), then connect; return the address.
+
+    Raises:
+        ClusterError: no cluster, several (listed), or none answering there.
+    """
+    from ..ray.driver import ops
+
+    resolved = ops.resolve_address(address)
+    if not as_json:
+        how = " (found by --address auto)" if address == "auto" and resolved != address else ""
+        console.print(Text(f"cluster: {resolved}{how}"))
+    ops.connect(resolved)
+    return resolved
+
+
 def na(value: Any) -> str:
     """Display placeholder for unknown values (the core uses None)."""
     return "N/A" if value is None else str(value)

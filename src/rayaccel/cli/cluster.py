@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.text import Text
 
-from ._common import console, fail, print_json
+from ._common import connect_cluster, console, fail, print_json
 
 
 def _start(ctx: typer.Context,
@@ -64,7 +65,9 @@ def _stop(node: Optional[str] = typer.Option(None, "--node", help="Key of the no
     if all_nodes:
         from ..ray.driver.ops import stop_cluster
 
-        for line in stop_cluster(address or _only_local_address(), force=force):
+        target = address or _only_local_address()
+        console.print(Text(f"cluster: {target}"))
+        for line in stop_cluster(target, force=force):
             console.print(line)
         return
     for n in lifecycle.pick(node, address):
@@ -82,37 +85,40 @@ def _only_local_address() -> str:
     return heads[0].address
 
 
-def connect(address: str) -> None:
-    """Connect this CLI process to the cluster at ``address`` (bounded; one clear error line on failure)."""
-    from ..ray.driver.ops import connect as _connect
-
-    _connect(address)
-
-
 def _status(address: str = typer.Option("auto", "--address", help="Ray address to connect to."),
-            as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+            as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+            placement_groups: bool = typer.Option(False, "--placement-groups", help="Also each placement group's map: per bundle its node, devices, NICs, NUMA (asking a placed group's nodes reserves its devices as its first member would).")) -> None:
     """Every node's devices: free, held (by which task or actor), shared, MIG, drained."""
     from ..ray.driver import init as node
     from ..ray.driver import status
-    connect(address)
+    resolved = connect_cluster(address, as_json)
+    pgs = None
     try:
         data = status.cluster_status()
+        if placement_groups:
+            from ..ray.driver.placemap import placement_groups_status
+
+            pgs = placement_groups_status()
     finally:
         node.shutdown()
     if as_json:
-        print_json(data)
+        print_json({"address": resolved, **data, **({"placement_groups": pgs} if pgs is not None else {})})
         return
     from .views import status_tables
 
     for item in status_tables(data):
         console.print(item)
+    if pgs is not None:
+        from .placements import placement_group_tables
+
+        for item in placement_group_tables(pgs):
+            console.print(item)
 
 
-def _demo(out: Path = typer.Option(Path("rayaccel-demo"), "--out", help="Directory for placement.png and demo.json."),
+def _demo(out: Optional[Path] = typer.Option(None, "--out", help="Also write placement.png and demo.json to this folder (created; default: write nothing)."),
           quick: bool = typer.Option(False, "--quick", help="Accepted for scripts; the demo is one short run per side.")) -> None:
     """Run the same unchanged Ray code (Serve, a num_gpus task, Train) on a rayaccel node and a plain Ray node."""
     from rich.table import Table
-    from rich.text import Text
 
     from ..demo import run_demo
 
@@ -141,11 +147,20 @@ def _demo(out: Path = typer.Option(Path("rayaccel-demo"), "--out", help="Directo
         console.print(Text(f"rayaccel: {t['ratio']}x plain Ray's modeled all-reduce bandwidth over "
                            f"{t['multi_gpu_jobs']} multi-GPU jobs ({t['better']} better, {t['worse']} worse, "
                            f"the rest equal)", style="bold"))
-    train = next((r["rayaccel"] for r in res["rows"] if r["job"].startswith("train")), {})
-    if train and not train.get("torch"):
-        console.print(Text("(PyTorch is not installed: Train ran DataParallelTrainer without an all-reduce; "
+    kept = res.get("serve_kept") or {}
+    if kept.get("rayaccel") != kept.get("ray"):
+        console.print(Text(f"(Serve picks which replica to stop: it kept GPU {kept.get('rayaccel')} on the rayaccel "
+                           f"node and GPU {kept.get('ray')} on the plain one, so Train found different GPUs free; "
+                           "plain Ray gives Train the lowest free slots, whichever those are)", style="dim"))
+    train = next((r for r in res["rows"] if r["job"].startswith("train")), None)
+    if train and not train["rayaccel"].get("torch"):
+        console.print(Text("(PyTorch is not installed: DataParallelTrainer ran, without an all-reduce; "
                            "pip install 'rayaccel[torch]' for TorchTrainer)", style="dim"))
-    console.print(Text(f"picture: {res['picture']}\nresults: {res['json']} ({res['seconds']} s)"))
+    if res["picture"]:
+        console.print(Text(f"picture: {res['picture']}\nresults: {res['json']} ({res['seconds']} s)"))
+    else:
+        console.print(Text(f"({res['seconds']} s; no files written: --out DIR writes placement.png and demo.json)",
+                           style="dim"))
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ._common import console, print_json
+from ._common import connect_cluster, console, print_json
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "n/a": "dim"}
 
@@ -24,7 +24,7 @@ def _drain(target: str = typer.Argument(..., metavar="NODE:DEVICE", help="Node k
     """Give a device no new work; it stays held in Ray's ledger until `rayaccel undrain`."""
     from ..ray.driver import init as node
     from ..ray.driver import ops
-    ops.connect(address)
+    connect_cluster(address)
     try:
         out = ops.drain(target, reason, kill=kill)
     finally:
@@ -39,7 +39,7 @@ def _undrain(target: str = typer.Argument(..., metavar="NODE:DEVICE"),
     """Give a drained device work again."""
     from ..ray.driver import init as node
     from ..ray.driver import ops
-    ops.connect(address)
+    connect_cluster(address)
     try:
         was = ops.undrain(target)
     finally:
@@ -53,14 +53,14 @@ def _doctor(address: str = typer.Option("auto", "--address", help="Ray address t
     from ..ray.driver import doctor
     from ..ray.driver import init as node
     from ..ray.driver import ops
-    ops.connect(address)
+    resolved = connect_cluster(address, as_json)
     try:
         rows = doctor.run()
     finally:
         node.shutdown()
     failed = sum(1 for r in rows if r.status == "fail")
     if as_json:
-        print_json({"rows": [r.to_dict() for r in rows], "fail": failed,
+        print_json({"address": resolved, "rows": [r.to_dict() for r in rows], "fail": failed,
                     "warn": sum(1 for r in rows if r.status == "warn")})
     else:
         t = Table(title="rayaccel doctor", title_justify="left")
@@ -80,18 +80,17 @@ def _doctor(address: str = typer.Option("auto", "--address", help="Ray address t
 def _top(address: str = typer.Option("auto", "--address", help="Ray address to connect to."),
          once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
          interval: float = typer.Option(1.0, "--interval", min=0.2, max=60.0, help="Seconds between frames.")) -> None:
-    """A live view of every node: devices, links, holders, health, drains, waiting requests (q quits)."""
+    """A live view of every node: devices, links, holders, health, drains, waiting requests (q quits the live view)."""
     from ..ray.driver import init as node
-    from ..ray.driver import ops
     from ..ray.driver import status
     from .views import top_frame
 
-    ops.connect(address)
+    resolved = connect_cluster(address)
     try:
         if once or not sys.stdin.isatty():
-            console.print(top_frame(status.cluster_status()))
+            console.print(top_frame(status.cluster_status(), address=resolved))
             return
-        _live(lambda: top_frame(status.cluster_status()), interval)
+        _live(lambda: top_frame(status.cluster_status(), address=resolved, live=True), interval)
     finally:
         node.shutdown()
 

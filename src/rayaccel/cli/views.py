@@ -135,14 +135,19 @@ def _neighbours(topo: Any, index: int) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
-def top_frame(data: dict, topologies: dict | None = None) -> Any:
-    """One frame of ``rayaccel top``: every node's devices, links, holders, health, drains and waiting grants."""
+def top_frame(data: dict, topologies: dict | None = None, address: str | None = None, live: bool = False) -> Any:
+    """One frame of ``rayaccel top``: every node's devices, links, holders, health, drains and waiting grants.
+
+    ``address`` (the cluster's) is in the title line; ``live`` adds "(q quits)", which only the
+    live view answers (``--once`` and piped output print a plain frame).
+    """
     from rich.console import Group
 
     from ..ray.driver.view import view
 
     topos = topologies if topologies is not None else {n.node_key: n.topology for n in view().nodes()}
-    parts: list[Any] = [Text(f"rayaccel top  {time.strftime('%H:%M:%S')}  (q quits)", style="bold")]
+    title = f"rayaccel top  {address + '  ' if address else ''}{time.strftime('%H:%M:%S')}"
+    parts: list[Any] = [Text(title + ("  (q quits)" if live else ""), style="bold")]
     for head, members in domain_groups(data["nodes"]):
         if head is not None:
             parts.append(head)

@@ -50,31 +50,50 @@ def _weakest(topo: Any, devices: list[int]) -> str:
     return worst.label if worst else "-"
 
 
-def run_demo(out: str | Path, quick: bool = False, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """Run both sides and write ``placement.png`` and ``demo.json`` into ``out``.
+def run_demo(out: str | Path | None = None, quick: bool = False,
+             log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Run both sides; with ``out``, write ``placement.png`` and ``demo.json`` there.
 
     Args:
-        out: output directory (created).
+        out: output folder (created, with missing parents); None writes nothing. It is
+            checked before any work and is all or nothing: a failed run removes what it wrote
+            and the folders it created (:func:`rayaccel._outputs.output_dir`).
         quick: kept for compatibility with scripts; both runs are already short.
         log: progress lines.
 
     Returns:
-        ``{"rows": [...], "totals": {...}, "picture": path, "json": path, "seconds": s}``.
+        ``{"rows": [...], "totals": {...}, "serve_kept": {...}, "picture": path or None,
+        "json": path or None, "seconds": s}``. ``serve_kept`` is the GPU each side's Serve
+        kept when it scaled down: Serve picks which replica to stop, so the GPU freed for
+        Train can differ from run to run and between the sides.
 
     Raises:
+        OutputPathError: ``out`` cannot be written (before any work).
         ClusterError: Ray is already initialised in this process, or a run failed.
     """
+    if out is None:
+        return _run(None, log)
+    from .._outputs import output_dir
 
+    with output_dir(out, what="demo results") as folder:
+        return _run(folder, log)
+
+
+def _run(out: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
     t0 = time.monotonic()
-    out = _output_dir(out)
     topo = catalog.load(MACHINE)
     storage = tempfile.mkdtemp(prefix="rayaccel-demo-train-")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    log(f"rayaccel: unchanged Ray code on a simulated {topo.name} ({len(topo.devices)} GPUs) as a rayaccel node ...")
-    ours = _side(False, storage, log)
-    log("plain Ray: the same code on a plain Ray node of the same machine ...")
-    theirs = _side(True, storage, log)
+    try:
+        log(f"rayaccel: unchanged Ray code on a simulated {topo.name} ({len(topo.devices)} GPUs) as a rayaccel node ...")
+        ours = _side(False, storage, log)
+        log("plain Ray: the same code on a plain Ray node of the same machine ...")
+        theirs = _side(True, storage, log)
+    finally:
+        import shutil
+
+        shutil.rmtree(storage, ignore_errors=True)
     rows = []
     for job in ours:
         a, b = ours[job], theirs.get(job, {})
@@ -92,20 +111,19 @@ def run_demo(out: str | Path, quick: bool = False, log: Callable[[str], None] = 
               "ratio": round(ours_bw / ray_bw, 2) if ray_bw else None,
               "better": sum(1 for r in multi if r["rayaccel"].get("bandwidth_gbps", 0) > r["ray"].get("bandwidth_gbps", 0) + 1e-6),
               "worse": sum(1 for r in multi if r["rayaccel"].get("bandwidth_gbps", 0) < r["ray"].get("bandwidth_gbps", 0) - 1e-6)}
-    picture = _picture(out, topo, ours, theirs)
-    res = {"machine": MACHINE, "rows": rows, "totals": totals, "picture": str(picture),
-           "json": str(out / "demo.json"), "seconds": round(time.monotonic() - t0, 1)}
-    (out / "demo.json").write_text(json.dumps(res, indent=2))
+    kept = {side: next((r[side].get("after_scale_down") for r in rows if "after_scale_down" in r[side]), None)
+            for side in ("rayaccel", "ray")}
+    res = {"machine": MACHINE, "rows": rows, "totals": totals, "serve_kept": kept, "picture": None, "json": None,
+           "seconds": None}
+    if out is not None:
+        from .._outputs import write_text
+
+        res["picture"] = str(_picture(out, topo, ours, theirs))
+        res["json"] = str(out / "demo.json")
+        res["seconds"] = round(time.monotonic() - t0, 1)
+        write_text(out / "demo.json", json.dumps(res, indent=2), what="demo results")
+    res["seconds"] = round(time.monotonic() - t0, 1)
     return res
-
-
-def _output_dir(out: str | Path) -> Path:
-    """Check ``out`` before any work (:func:`rayaccel.viz.check_output_dir`), then create it."""
-    from ..viz import check_output_dir  # viz loads matplotlib: only when pictures are made
-
-    p = check_output_dir(out, what="demo results")
-    p.mkdir(parents=True, exist_ok=True)
-    return p
 
 
 def _picture(out: Path, topo: Any, ours: dict, theirs: dict) -> Path:

@@ -42,7 +42,7 @@ TPU_DEVICE_IDS = {"0x005e": "v4", "0x0063": "v5e", "0x0062": "v5p", "0x006f": "v
 _V2V3 = {"0x004e": "v2", "0x004f": "v3"}
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
 _HINT = ("run on a Cloud TPU VM (or a GKE TPU node), or set RAYACCEL_TOPOLOGY to a TPU catalog machine "
-         "(e.g. tpu-v4-host) to simulate one")
+         "(e.g. tpu-v4-8; `rayaccel topo list` names them) to simulate one")
 Fetch = Callable[[str], "str | None"]
 
 

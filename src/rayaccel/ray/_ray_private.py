@@ -642,3 +642,14 @@ class RayGrant:
 def grant_of(worker: Any, managed: Any) -> RayGrant:
     """The current grant of ``managed`` resources in this worker (see :class:`RayGrant`)."""
     return RayGrant(worker, managed)
+
+
+def local_gcs_addresses() -> list[str]:
+    """The GCS addresses of every Ray cluster running on this machine, sorted.
+
+    Ray's own search for ``address="auto"``: ``ray._private.services.find_gcs_addresses``
+    reads the command lines of the local ``gcs_server`` processes (private API).
+    """
+    from ray._private import services
+
+    return sorted(set(services.find_gcs_addresses()))

@@ -1,8 +1,10 @@
 """Operator actions on a running cluster: connect (bounded), stop the whole cluster.
 
 Used by the CLI (``status``, ``top``, ``doctor``, ``drain``, ``stop --all``): every
-command that reaches a cluster answers within :data:`CONNECT_TIMEOUT_S` when the
-address cannot be reached, with one line saying why and what would be right.
+command that reaches a cluster first resolves ``auto`` to one address
+(:func:`resolve_address`: it refuses when several clusters run here), then answers within
+:data:`CONNECT_TIMEOUT_S` when the address cannot be reached, with one line saying why and
+what would be right.
 """
 
 from __future__ import annotations
@@ -38,6 +40,37 @@ def parse_address(address: str) -> tuple[str, int] | None:
         raise ClusterError(f"bad address {address[:60]!r}: expected 'auto' or HOST:PORT such as 127.0.0.1:6379 "
                            f"(the head's address printed by `rayaccel start --head`)")
     return m.group(1).strip("[]"), int(m.group(2))
+
+
+def resolve_address(address: str) -> str:
+    """The address a command reads: ``address`` as given, or for ``auto`` the cluster Ray would pick.
+
+    ``auto`` is ``RAY_ADDRESS`` when set, else the one Ray cluster running on this machine
+    (Ray's own search: :func:`rayaccel.ray._ray_private.local_gcs_addresses`). Ray itself
+    connects to the most recently started of several; rayaccel refuses instead, listing them.
+
+    Raises:
+        ClusterError: a bad address, no cluster here, or several (names each).
+    """
+    import os
+
+    parse_address(address)
+    if address != "auto":
+        return address
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env:
+        parse_address(env)
+        return env
+    from rayaccel.ray import _ray_private as rp
+
+    found = rp.local_gcs_addresses()
+    if not found:
+        raise ClusterError("no Ray cluster runs on this machine (--address auto found none): start one with "
+                           "`rayaccel start --head`, or give --address HOST:PORT of a head elsewhere")
+    if len(found) > 1:
+        raise ClusterError(f"{len(found)} Ray clusters run on this machine ({', '.join(found)}): --address auto "
+                           f"cannot tell which you mean; give one, e.g. --address {found[0]} (or set RAY_ADDRESS)")
+    return found[0]
 
 
 def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, quiet: bool = True, **kwargs: Any) -> None:
@@ -120,7 +153,12 @@ def stop_cluster(address: str, force: bool = False) -> list[str]:
             if h is None:
                 lines.append(f"node {n.node_key}: no agent answered (stop it on its machine: rayaccel stop)")
                 continue
-            h.call.remote("stop_node", force)  # the agent stops its own raylet: no answer comes back
+            try:
+                h.ask("stop_node", force, timeout_s=30)  # the agent starts stopping its node, then answers
+            except ClusterError as e:
+                lines.append(f"node {n.node_key}: its agent did not take the request ({e}); stop it on its "
+                             "machine: rayaccel stop")
+                continue
             lines.append(f"node {n.node_key}: asked its agent to stop it")
         for n in nodes:
             if n.node_key in here:
@@ -169,23 +207,19 @@ def resolve_target(spec: str) -> tuple[Any, int]:
 
 def drain(spec: str, reason: str, kill: bool = False, timeout_s: float = 30.0) -> dict:
     """Drain ``NODE:DEVICE`` through its node agent (see :meth:`.agent.NodeAgent.drain`)."""
-    import ray
-
     n, d = resolve_target(spec)
     h = agent.handle(n.node_key)
     if h is None:
         raise ClusterError(f"node {n.node_key} has no running agent (restart it with `rayaccel start`)")
-    out = ray.get(h.call.remote("drain", d, reason, "operator", kill), timeout=timeout_s)
+    out = h.ask("drain", d, reason, "operator", kill, timeout_s=timeout_s)
     out["node_key"] = n.node_key
     return out
 
 
 def undrain(spec: str, timeout_s: float = 30.0) -> bool:
     """Lift the drain of ``NODE:DEVICE``; False when it was not drained."""
-    import ray
-
     n, d = resolve_target(spec)
     h = agent.handle(n.node_key)
     if h is None:
         raise ClusterError(f"node {n.node_key} has no running agent (restart it with `rayaccel start`)")
-    return ray.get(h.call.remote("undrain", d), timeout=timeout_s)
+    return h.ask("undrain", d, timeout_s=timeout_s)

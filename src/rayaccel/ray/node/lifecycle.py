@@ -121,6 +121,32 @@ class Started:
     published: bool
 
 
+#: Seconds to wait for a head's GCS port to accept a connection before ``ray start`` runs.
+HEAD_PROBE_TIMEOUT_S = 5.0
+
+
+def check_head(address: str, timeout_s: float = HEAD_PROBE_TIMEOUT_S) -> None:
+    """Fail fast when nothing listens at ``address`` (``HOST:PORT`` of the head's GCS).
+
+    ``ray start --address`` waits two minutes for a head that is not there; this probe
+    answers within ``timeout_s``. An address that is not ``HOST:PORT`` is left to ``ray start``.
+
+    Raises:
+        ClusterError: nothing accepts a connection there (names the address and what to check).
+    """
+    host, _, port = address.rpartition(":")
+    host = host.removeprefix("ray://").strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ClusterError(f"no Ray head answers at {address} ({why}); nothing was started: check that the head "
+                           f"runs (`rayaccel start --head` prints the address to join), that {port} is its GCS port "
+                           f"(6379 unless --port said otherwise) and that {host} is reachable from here") from None
+
+
 def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None = None,
                *, publish: bool = True, timeout_s: float = 120.0, network_topology: str | None = None,
                instance_id: str | None = None) -> Started:
@@ -138,6 +164,9 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
         CaptureError: the network file is malformed or does not name this node (nothing started).
         ClusterError: ``ray start`` failed, or publication failed (the node is stopped again).
     """
+    joining = _flag_value(ray_args, "--address")
+    if joining is not None and "--head" not in ray_args:
+        check_head(joining)  # nothing there: say so in seconds, not after ray start's two minutes
     network = None
     if network_topology is not None:
         network = node_levels(network_topology, socket.gethostname(), instance_id)
@@ -160,7 +189,11 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
     except subprocess.TimeoutExpired:
         _stop_new(before)
         nodedir.remove(directory)
-        raise ClusterError(f"`ray start` did not finish within {timeout_s:.0f} s (stopped what it started)") from None
+        joined = _flag_value(ray_args, "--address")
+        where = f" --address={joined}" if joined else ""
+        raise ClusterError(f"`ray start{where}` did not finish within {timeout_s:.0f} s (stopped what it started)"
+                           + (f"; check that the head at {joined} is up and reachable from here" if joined else "")
+                           ) from None
     except FileNotFoundError:
         nodedir.remove(directory)
         raise ClusterError("the `ray` command is not on PATH (pip install 'ray==2.60.*')") from None

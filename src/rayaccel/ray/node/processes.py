@@ -156,8 +156,8 @@ def pick(node_key: str | None = None, address: str | None = None) -> list[LocalN
         nodes = [n for n in nodes if n.address == address]
     if not nodes:
         what = f" with node key {node_key}" if node_key else f" at {address}" if address else ""
-        raise ClusterError(f"no node{what} was started by `rayaccel start` on this machine "
-                           f"(nodes started with plain `ray start` are stopped with `ray stop`)")
+        raise ClusterError(f"no node{what} was started by `rayaccel start` on this machine: `rayaccel stop` stops "
+                           f"only those (never `ray stop`, which ends every Ray cluster here, other people's included)")
     if len(nodes) > 1 and node_key is None and address is None:
         listing = ", ".join(f"{n.node_key} ({'head' if n.head else 'worker'} at {n.address})" for n in nodes)
         raise ClusterError(f"{len(nodes)} rayaccel nodes run on this machine: {listing}; say which with "

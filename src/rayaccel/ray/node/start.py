@@ -71,8 +71,12 @@ def node_topology(topology: NodeTopology | str | None = None, *,
         if not simulate_default:
             log.info("no accelerator found (%s); a node without devices", e)
             return NodeTopology(name=None, sources=(f"no accelerator found: {str(e)[:300]}",)), False
-        log.info("no accelerator found (%s); simulating %s", e, catalog.DEFAULT)
-        return catalog.load(catalog.DEFAULT), True
+        topo = catalog.load(catalog.DEFAULT)
+        # a warning (stderr when logging is not configured): a quiet DGX-1 surprises whoever expected their GPUs
+        log.warning("rayaccel: no accelerator found here, so this embedded cluster simulates %s %r: %s; choose "
+                    "another with rayaccel.init(topology=NAME or a topology file), NAME from `rayaccel topo list`",
+                    "the catalog's", catalog.DEFAULT, catalog.describe(catalog.DEFAULT))
+        return topo, True
 
 
 def resolve_topology(spec: NodeTopology | str) -> NodeTopology:

@@ -52,8 +52,10 @@ def record(node: str, path: TensorPath, seconds: float, nbytes: int) -> None:
         m = _ray_metrics()
     if m:
         tags = {"node": node, "path": path.path}
-        m[0].inc(float(nbytes), tags=tags)
-        m[1].inc(max(seconds, 0.0), tags=tags)
+        if nbytes > 0:  # Ray's Counter refuses 0 (an object of empty tensors)
+            m[0].inc(float(nbytes), tags=tags)
+        if seconds > 0:
+            m[1].inc(seconds, tags=tags)
         m[2].inc(1.0, tags=tags)
 
 
