@@ -430,3 +430,149 @@ def test_the_diagnostic_override(dgx1_here, monkeypatch, forced, kind):
     monkeypatch.setenv("RAYACCEL_RDT_PATH", forced)
     p, k = choose.decide(_meta("node-a" + "0" * 50, "cpu"), torch.device("cpu"), "object x")
     assert k == kind and (forced == "shared-memory" or p.reason.startswith(f"forced by RAYACCEL_RDT_PATH={forced}"))
+
+
+# ---------------------------------------------------------------- the producer's pool of segments
+def _weights(seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, generator=g) for n in (4096, 17, 70000)]
+
+
+def _shapes(ts):
+    return [(t.shape, t.dtype) for t in ts]
+
+
+def test_a_freed_segment_is_refilled_bit_identical_as_the_weights_change():
+    from rayaccel.ray.rdt.pool import Pool
+
+    pool, ws = Pool(), _weights(1)
+    try:
+        names = set()
+        for step in range(4):
+            packed, _ = pool.write(ws)
+            names.add(packed.name)
+            got = shm.read(packed, _shapes(ws), "x")
+            assert all(torch.equal(a, b) for a, b in zip(ws, got))
+            del got  # the consumer is done: its lock goes with its tensors
+            pool.release(packed)
+            for w in ws:  # the trainer's step, after Ray freed the object
+                w.add_(step + 1)
+        st = pool.stats()
+        assert len(names) == 1 and (st.made, st.refilled, st.busy) == (1, 3, 0)
+    finally:
+        pool.close()
+    assert not (SHM_DIR / names.pop()).exists()
+
+
+def test_a_consumer_keeping_last_rounds_weights_keeps_their_bytes():
+    """The trainer's write after wait_tensor_freed is its own: a segment still mapped is never refilled."""
+    from rayaccel.ray.rdt.pool import Pool
+
+    pool, ws = Pool(), _weights(2)
+    try:
+        p1, _ = pool.write(ws)
+        kept = shm.read(p1, _shapes(ws), "round 1")
+        want = [w.clone() for w in ws]
+        pool.release(p1)  # Ray freed round 1; the rollout still holds its tensors
+        for w in ws:
+            w.mul_(3)  # the trainer writes its own weights
+        assert all(torch.equal(a, b) for a, b in zip(kept, want))
+        p2, _ = pool.write(ws)  # round 2 cannot refill round 1's segment: it is mapped
+        assert p2.name != p1.name and pool.stats().busy == 1
+        got = shm.read(p2, _shapes(ws), "round 2")
+        assert all(torch.equal(a, b) for a, b in zip(got, ws))
+        assert all(torch.equal(a, b) for a, b in zip(kept, want))
+        del kept  # round 1 dropped: round 3 refills its segment (two segments alternate)
+        pool.release(p2)
+        p3, _ = pool.write(ws)
+        assert p3.name == p1.name
+        assert all(torch.equal(a, b) for a, b in zip(got, ws))  # round 2's reader still sees round 2
+        pool.release(p3)
+    finally:
+        pool.close()
+
+
+def test_stale_metadata_of_a_refilled_segment_is_one_clear_error():
+    from rayaccel.ray.rdt.pool import Pool
+
+    pool, ws = Pool(), _weights(3)
+    try:
+        p1, _ = pool.write(ws)
+        pool.release(p1)
+        p2, _ = pool.write(ws)
+        assert p2.name == p1.name and p2.generation != p1.generation
+        with pytest.raises(TransportError, match="refilled for a later object"):
+            shm.read(p1, _shapes(ws), "object old")
+        pool.release(p2)
+    finally:
+        pool.close()
+
+
+def test_a_segment_of_another_format_is_refused():
+    packed, _ = shm.write([torch.ones(16)])
+    try:
+        with open(SHM_DIR / packed.name, "r+b") as f:
+            f.write(b"RAYACCL0")
+        with pytest.raises(TransportError, match="format"):
+            shm.read(packed, [((16,), torch.float32)], "object x")
+    finally:
+        shm.unlink(packed)
+
+
+def test_the_pool_is_bounded_and_gives_idle_segments_back():
+    from rayaccel.ray.rdt.pool import Pool
+
+    pool = Pool(keep_per_size=2, idle_s=3600)
+    try:
+        ws = _weights(4)
+        packs = [pool.write(ws)[0] for _ in range(4)]  # four live objects: four segments
+        for p in packs:
+            pool.release(p)
+        st = pool.stats()
+        assert st.made == 4 and st.removed == 2 and sum(st.free.values()) == 2
+        assert sum(1 for p in packs if (SHM_DIR / p.name).exists()) == 2
+        assert pool.trim(idle_s=0) == 2 and pool.stats().free == {}
+        assert not any((SHM_DIR / p.name).exists() for p in packs)
+    finally:
+        pool.close()
+
+
+# ---------------------------------------------------------------- NIXL registrations
+class _FakeNixl:
+    """Ray's NIXL manager's registration count per storage address (what its _tensor_desc_cache keeps)."""
+
+    def __init__(self):
+        self.count: dict[int, int] = {}
+        self.registered = self.deregistered = 0
+
+    def register_nixl_memory(self, t):
+        ptr = t.untyped_storage().data_ptr()
+        self.registered += ptr not in self.count
+        self.count[ptr] = self.count.get(ptr, 0) + 1
+
+    def deregister_nixl_memory(self, t):
+        ptr = t.untyped_storage().data_ptr()
+        self.count[ptr] -= 1
+        if not self.count[ptr]:
+            del self.count[ptr]
+            self.deregistered += 1
+
+
+def test_a_registration_is_held_while_the_storage_lives_and_given_back_when_it_is_freed():
+    import gc
+
+    from rayaccel.ray.rdt.registrations import Registrations
+
+    mgr, regs = _FakeNixl(), Registrations()
+    w = torch.ones(1 << 16)
+    for _ in range(5):  # five steps: Ray registers with each object and drops it when freed
+        regs.sweep(mgr)
+        mgr.register_nixl_memory(w)
+        regs.hold(mgr, [w, w[10:]])  # a view of the same storage is the same registration
+        mgr.deregister_nixl_memory(w)
+    assert mgr.registered == 1 and mgr.deregistered == 0 and len(regs) == 1
+    ptr = w.untyped_storage().data_ptr()
+    del w
+    gc.collect()
+    assert regs.sweep(mgr) == 1 and mgr.count == {} and mgr.deregistered == 1 and len(regs) == 0
+    assert ptr not in mgr.count

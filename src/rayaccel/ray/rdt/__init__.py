@@ -24,7 +24,8 @@ RDT path calls first, and the transport registers itself there, importing torch 
 Ray's own transports do. Ray sends a driver's registrations to every actor it
 creates with ``enable_tensor_transport=True``.
 
-Modules: :mod:`.transport` (the manager), :mod:`.shm` (segments), :mod:`.local`
+Modules: :mod:`.transport` (the manager), :mod:`.shm` (segments), :mod:`.pool` (segments
+reused across a producer's objects), :mod:`.local`
 (what an end knows of itself), :mod:`.telemetry` (bytes and seconds per path).
 """
 
@@ -154,3 +155,13 @@ def produced() -> int:
 
     m = manager(create=False)
     return m.live_objects() if m is not None else 0
+
+
+def pooled() -> int:
+    """How many segments of freed objects this process keeps for its later objects (:mod:`.pool`)."""
+    if not _registered:
+        return 0
+    from .transport import manager
+
+    m = manager(create=False)
+    return sum(m.pool.stats().free.values()) if m is not None else 0

@@ -1,10 +1,19 @@
 """POSIX shared-memory segments for the ``rayaccel`` tensor transport (one node, host memory).
 
-The producer copies an object's tensors once, packed, into a new file in ``/dev/shm``
-(:func:`write`); every consumer on the node maps that file copy-on-write
+The producer copies an object's tensors once, packed, into a file in ``/dev/shm``
+(:func:`write` makes a new one; :class:`~.pool.Pool` refills one of its own that no
+consumer maps any more); every consumer on the node maps that file copy-on-write
 (:func:`read`): its tensors are views of the producer's pages, with no second copy,
 and a consumer that writes into its tensors changes only its own pages -- never the
 producer's nor another consumer's.
+
+Who maps a segment is known from file locks: a consumer holds a shared ``flock`` on the
+segment for as long as its tensors live (the lock rides on the descriptor the mapping
+keeps, so it ends when the last tensor is freed), and a producer refills a segment
+only under an exclusive one it could take (:func:`try_lock`). Each segment starts with a
+header (:data:`MAGIC`: the format and its version, then the object's generation), so a
+consumer that maps a segment refilled for a later object gets an error, never another
+object's bytes.
 
 Names follow the tiered store's owner tags (``rayaccel_<pid>-<start>_u<uid>_rdt_<random>``,
 :mod:`rayaccel.memory.owners`): the producer unlinks a segment when Ray frees the
@@ -18,6 +27,7 @@ A full ``/dev/shm`` is an :class:`OSError` (``ENOSPC``) from ``pwrite`` (or from
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import secrets
@@ -32,6 +42,13 @@ from ...memory.owners import SHM_DIR, is_alive, segment_prefix, sweep
 
 #: Each tensor starts on a multiple of this many bytes in a segment.
 ALIGN = 64
+#: The first bytes of every segment: the format and its version (a reader refuses others).
+MAGIC = b"RAYACCL1"
+#: Bytes before the first tensor: MAGIC, then the generation (8 bytes, little-endian), then zeros.
+HEADER_BYTES = ALIGN
+#: ``madvise`` advice that fills a mapping's page tables without writing (Linux 5.14+).
+MADV_POPULATE_READ = 22
+MADV_POPULATE_WRITE = 23
 _SWEEP_EVERY_S = 60.0
 _last_sweep = 0.0
 
@@ -44,6 +61,7 @@ class Packed:
         name: file name in ``/dev/shm``. nbytes: size of the segment.
         offsets: byte offset of each tensor. sizes: bytes of each tensor.
         owner: ``(pid, start time)`` of the producer.
+        generation: which object of the producer's the segment holds (in its header; 0: unchecked).
     """
 
     name: str
@@ -51,6 +69,7 @@ class Packed:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     owner: tuple[int, int]
+    generation: int = 0
 
 
 def available() -> tuple[bool, str]:
@@ -63,8 +82,8 @@ def available() -> tuple[bool, str]:
 
 
 def layout(sizes: Sequence[int]) -> tuple[tuple[int, ...], int]:
-    """Offsets of tensors of ``sizes`` bytes packed at :data:`ALIGN`, and the total."""
-    offsets, end = [], 0
+    """Offsets of tensors of ``sizes`` bytes packed at :data:`ALIGN` after the header, and the total."""
+    offsets, end = [], HEADER_BYTES
     for n in sizes:
         end = -(-end // ALIGN) * ALIGN
         offsets.append(end)
@@ -80,7 +99,17 @@ def _maybe_sweep() -> None:
         sweep(None)
 
 
-def write(tensors: Sequence[Any]) -> tuple[Packed, list[Any]]:
+def header(generation: int) -> bytes:
+    """The first :data:`HEADER_BYTES` of a segment holding object ``generation``."""
+    return MAGIC + generation.to_bytes(8, "little") + bytes(HEADER_BYTES - len(MAGIC) - 8)
+
+
+def new_name() -> str:
+    """A fresh segment name carrying this process's owner tag (what :func:`sweep` reads)."""
+    return f"{segment_prefix()}rdt_{secrets.token_hex(8)}"
+
+
+def write(tensors: Sequence[Any], generation: int = 0) -> tuple[Packed, list[Any]]:
     """Copy ``tensors`` (any strides; CPU or GPU) into a new segment, once.
 
     CPU tensors go in with ``pwrite`` (the kernel fills the segment's pages directly: on this
@@ -88,6 +117,9 @@ def write(tensors: Sequence[Any]) -> tuple[Packed, list[Any]]:
     fault per 4 KiB); a strided one is first made contiguous, and that copy is returned so the
     caller can reuse it. GPU tensors are copied straight into a mapping of the segment (one
     device-to-host copy).
+
+    Args:
+        tensors: what to copy. generation: written into the header, for :func:`read` to check.
 
     Returns:
         (where they are, per tensor the contiguous CPU copy made of it or None).
@@ -98,9 +130,9 @@ def write(tensors: Sequence[Any]) -> tuple[Packed, list[Any]]:
     _maybe_sweep()
     sizes = [t.numel() * t.element_size() for t in tensors]
     offsets, total = layout(sizes)
-    name = f"{segment_prefix()}rdt_{secrets.token_hex(8)}"
+    name = new_name()
     path = SHM_DIR / name
-    size = max(total, 1)
+    size = total
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     made: list[Any] = []
     try:
@@ -111,9 +143,11 @@ def write(tensors: Sequence[Any]) -> tuple[Packed, list[Any]]:
                 if n:
                     _view(mm, off, n, t.dtype, tuple(t.shape)).copy_(t)
                 made.append(None)
+            mm[:HEADER_BYTES] = header(generation)
             del mm
         else:
             os.ftruncate(fd, size)
+            _pwrite_all(fd, memoryview(header(generation)), 0)
             for t, off, n in zip(tensors, offsets, sizes):
                 c = t.contiguous()  # itself when contiguous, else the one copy a strided tensor needs
                 made.append(None if c is t else c)
@@ -126,7 +160,47 @@ def write(tensors: Sequence[Any]) -> tuple[Packed, list[Any]]:
         raise
     os.close(fd)
     pid = os.getpid()
-    return Packed(name, size, offsets, tuple(sizes), (pid, start_time(pid) or 0)), made
+    return Packed(name, size, offsets, tuple(sizes), (pid, start_time(pid) or 0), generation), made
+
+
+def fill(mm: Any, tensors: Sequence[Any], offsets: Sequence[int], generation: int) -> list[Any]:
+    """Copy ``tensors`` into an existing shared mapping ``mm`` at ``offsets`` (one copy each, no page
+    faults once the mapping's pages are in), then its header. The caller holds the segment's exclusive lock.
+
+    Returns:
+        Per tensor the contiguous CPU copy made of a strided CPU one (else None), as :func:`write`.
+    """
+    made: list[Any] = []
+    for t, off in zip(tensors, offsets):
+        n = t.numel() * t.element_size()
+        c = t if t.device.type != "cpu" else t.contiguous()
+        made.append(None if c is t else c)
+        if n:
+            _view(mm, off, n, t.dtype, tuple(t.shape)).copy_(c)
+    mm[:HEADER_BYTES] = header(generation)
+    return made
+
+
+def try_lock(fd: int) -> bool:
+    """Take ``fd``'s segment exclusively, without waiting: False while any consumer maps it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def populate(mm: Any, advice: int) -> None:
+    """Fill a mapping's page tables in one call (instead of a fault per 4 KiB); a kernel without
+    ``MADV_POPULATE_*`` (before 5.14) faults them in on first touch instead."""
+    try:
+        mm.madvise(advice)
+    except OSError:
+        pass  # EINVAL on an older kernel: the pages come in by faults, as before
 
 
 def torch_uint8() -> Any:
@@ -152,12 +226,16 @@ def _view(mm: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...])
 def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str) -> list[Any]:
     """Map a segment copy-on-write and return its tensors (no copy).
 
+    The tensors hold a shared lock on the segment while they live (the producer does not refill
+    it until they are freed), and their page tables are filled at once.
+
     Args:
         packed: from the producer. meta: ``(shape, dtype)`` of each tensor. what: names the object in errors.
 
     Raises:
         TransportError: the segment is gone (the producer died or freed the object), is not this
-            user's, or is shorter than the producer wrote.
+            user's, is shorter than the producer wrote, holds another format, or was refilled for a
+            later object (this one was freed).
     """
     path = SHM_DIR / packed.name
     try:
@@ -174,10 +252,24 @@ def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str) -> list[Any
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size < packed.nbytes:
             raise TransportError(f"{what}: {path} is not the producer's segment (owner uid {st.st_uid}, "
                                  f"{st.st_size} of {packed.nbytes} bytes)", what)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # held by the mapping's own descriptor from here
+        except BlockingIOError:
+            raise TransportError(f"{what}: its shared-memory segment {path} is being refilled for a later object "
+                                 "(this one was freed)", what) from None
         # private: a consumer's writes stay its own (copy-on-write), the producer's pages are shared
         mm = mmap.mmap(fd, packed.nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
+    head = bytes(mm[:HEADER_BYTES])
+    if head[:len(MAGIC)] != MAGIC:
+        raise TransportError(f"{what}: {path} holds format {head[:len(MAGIC)]!r}, not {MAGIC!r} (a producer of "
+                             "another rayaccel release?)", what)
+    gen = int.from_bytes(head[len(MAGIC):len(MAGIC) + 8], "little")
+    if packed.generation and gen != packed.generation:
+        raise TransportError(f"{what}: its shared-memory segment {path} was refilled for a later object "
+                             f"(generation {gen}, not {packed.generation}): this one was freed", what)
+    populate(mm, MADV_POPULATE_READ)
     return [_view(mm, off, n, dtype, tuple(shape))
             for (shape, dtype), off, n in zip(meta, packed.offsets, packed.sizes)]
 

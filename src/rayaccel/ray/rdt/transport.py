@@ -3,8 +3,11 @@
 Producer side (:meth:`RayaccelTransport.extract_tensor_transport_metadata`, when an actor
 method returns tensors): CUDA tensors get CUDA IPC handles (no copy); small objects
 (up to :data:`EAGER_BYTES`) are prepared at once: a CPU object is copied into a
-shared-memory segment (:mod:`.shm`), and in a cluster of several nodes registered with
-NIXL. Everything else is prepared only when a consumer asks for it --
+shared-memory segment (:mod:`.shm`; one the producer's :class:`~.pool.Pool` refills when
+a freed object's segment is no longer mapped), and in a cluster of several nodes
+registered with NIXL. A producer that was asked for a segment once prepares every later
+CPU object's segment at once too (a trainer syncing weights to rollouts on its node: no
+request per step). Everything else is prepared only when a consumer asks for it --
 the segment of a larger CPU object (first consumer on this node), NIXL registration
 (a consumer on another node), GPU memory staged into host memory (a consumer on this
 node without a GPU peer path): the consumer calls :func:`_serve` on the producer
@@ -34,7 +37,8 @@ from ..._proc import start_time
 from ...errors import TransportError, TransportUnavailable
 from ...transfer import TensorPath
 from .. import _ray_private as rp
-from . import choose, local, shm, telemetry
+from . import choose, local, pool, shm, telemetry
+from .registrations import Registrations
 from .gpu import from_ipc, ipc_handles, synchronize, to_device
 from .name import NAME
 
@@ -144,6 +148,10 @@ class RayaccelTransport(TensorTransportManager):
         self._lock = threading.RLock()
         self._produced: dict[str, _Produced] = {}
         self._aborted: set[str] = set()
+        self.pool = pool.Pool()
+        self.registrations = Registrations()  # NIXL registrations kept while a tensor's memory lives
+        # a consumer on this node asked for a segment once: prepare every CPU object's at once from now
+        self._local_readers = False
         _MANAGER = self
 
     # ------------------------------------------------------------------ Ray's interface
@@ -197,7 +205,7 @@ class RayaccelTransport(TensorTransportManager):
             ok, why = shm.available()
             if not ok:
                 meta.shm_error = why
-            elif me.actor is None or meta.nbytes <= EAGER_BYTES:
+            elif me.actor is None or meta.nbytes <= EAGER_BYTES or self._local_readers:
                 meta.packed = self._segment(st)
                 if isinstance(meta.packed, str):
                     meta.shm_error, meta.packed = meta.packed, None
@@ -235,6 +243,7 @@ class RayaccelTransport(TensorTransportManager):
                                  "freed, or the actor restarted", obj_id)
         with st.lock:
             if kind == "segment":
+                self._local_readers = True
                 return self._segment(st)
             if kind == "nixl":
                 if st.nixl is None:
@@ -248,13 +257,17 @@ class RayaccelTransport(TensorTransportManager):
                     made = st.contiguous or [None] * len(st.tensors)
                     ts = [t if t.is_contiguous() else (c if c is not None else t.contiguous())
                           for t, c in zip(st.tensors, made)]
-                    st.nixl = rp.nixl_manager().extract_tensor_transport_metadata(obj_id, ts)
+                    mgr = rp.nixl_manager()
+                    self.registrations.sweep(mgr)  # freed storages first: their addresses may be reused now
+                    st.nixl = mgr.extract_tensor_transport_metadata(obj_id, ts)
                     st.nixl_tensors = ts
+                    # the tensors' own storages stay registered past this object (a trainer's weights: once)
+                    self.registrations.hold(mgr, [t for t in st.tensors if t.is_contiguous()])
                 return st.nixl
             if kind == "host":
                 if st.host is None:
                     try:
-                        st.host, _ = shm.write(st.tensors)
+                        st.host, _ = self.pool.write(st.tensors)
                     except OSError as e:
                         return _no_segment(st, e)
                 return st.host
@@ -262,12 +275,11 @@ class RayaccelTransport(TensorTransportManager):
                 return [t.detach().cpu() for t in st.tensors]
         raise ValueError(f"unknown request {kind!r}")
 
-    @staticmethod
-    def _segment(st: _Produced) -> "shm.Packed | str":
-        """The object's CPU segment (made now if it is not yet), or why there can be none."""
+    def _segment(self, st: _Produced) -> "shm.Packed | str":
+        """The object's CPU segment (filled now if it is not yet), or why there can be none."""
         if st.packed is None:
             try:
-                st.packed, st.contiguous = shm.write(st.tensors)
+                st.packed, st.contiguous = self.pool.write(st.tensors)
             except OSError as e:
                 return _no_segment(st, e)
         return st.packed
@@ -281,15 +293,16 @@ class RayaccelTransport(TensorTransportManager):
         with st.lock:  # a request being served finishes first
             self._free(obj_id, st)
 
-    @staticmethod
-    def _free(obj_id: str, st: _Produced) -> None:
+    def _free(self, obj_id: str, st: _Produced) -> None:
         try:
             if st.nixl is not None:
-                rp.nixl_manager().garbage_collect(obj_id, st.nixl, st.nixl_tensors)
+                mgr = rp.nixl_manager()
+                mgr.garbage_collect(obj_id, st.nixl, st.nixl_tensors)
+                self.registrations.sweep(mgr)
         finally:
             for packed in (st.packed, st.host):
                 if packed is not None:
-                    shm.unlink(packed)
+                    self.pool.release(packed)  # kept for a later object of its size
 
     def live_objects(self) -> int:
         """Objects produced here and not freed by Ray yet."""
