@@ -303,3 +303,11 @@ def test_doctor_says_in_one_line_what_this_release_lacks():
         assert f"{f.name} (Ray >= {f.since_text}" in row.detail
     old = feature_row({f.name: f is rp.LABEL_SELECTORS for f in rp.FEATURES}, "2.48.0")
     assert old.status == "warn" and ">=2.57" in old.fix and "rayaccel tensor transport (Ray >= 2.56" in old.detail
+
+
+@needs(rp.TRANSPORT)
+def test_the_cpu_target_hint_names_a_function_this_release_has():
+    from ray import experimental
+
+    hint = rp.cpu_target_hint()
+    assert callable(getattr(experimental, hint.split("(")[0].rsplit(".", 1)[1], None)), moved(hint, "gone")

@@ -589,6 +589,15 @@ def nixl_communicator() -> Any:
     return NixlCommunicatorMetadata()
 
 
+def cpu_target_hint() -> str:
+    """How a consumer without a GPU asks for an object's GPU tensors in host memory, in this release's words."""
+    from ray import experimental
+
+    if hasattr(experimental, "set_target_device_for_ref"):  # Ray >= 2.58
+        return "ray.experimental.set_target_device_for_ref(ref, 'cpu') before ray.get"
+    return "ray.experimental.set_target_for_ref(ref, [CPU tensors of the same shapes]) before ray.get"
+
+
 def call_on_actor(actor: Any, fn: Callable, *args: Any) -> Any:
     """Run ``fn(actor_instance, *args)`` in ``actor`` in RDT's short-call group; an ObjectRef."""
     return actor.__ray_call__.options(concurrency_group=RDT_SERVE_GROUP).remote(fn, *args)

@@ -96,6 +96,8 @@ def destination(meta: Any, target: Optional[list], what: str) -> Any:
     if meta.tensor_device != "cuda":
         return torch.device("cpu")
     if not torch.cuda.is_available():
+        from .. import _ray_private as rp
+
         raise TransportError(f"{what} holds GPU tensors and this process has no usable GPU: give it one, or call "
-                             "ray.experimental.set_target_device_for_ref(ref, 'cpu') before ray.get", what)
+                             f"{rp.cpu_target_hint()}", what)
     return torch.device("cuda", torch.cuda.current_device())
