@@ -256,7 +256,7 @@ def _pick(r: str, avail: frozenset, k: int, shared: bool, pgs: dict, req: GrantR
     if len(avail) < k:
         return None, f"{k} unit(s) of {r} granted by Ray but only {len(avail)} free here that are neither drained " \
                      f"nor reserved"
-    if req.pg is not None and req.bundle is not None and not shared:
+    if req.pg is not None and req.bundle is not None:
         res = pgs.get(req.pg)
         if res is None and req.pg_bundles:
             res = _reserve(r, avail, req, pgs, chooser, now)
@@ -264,6 +264,12 @@ def _pick(r: str, avail: frozenset, k: int, shared: bool, pgs: dict, req: GrantR
             us = res.bundles.get(req.bundle)
             if us is not None and len(us) == k and set(us) <= avail:
                 return tuple(us), ""
+            if us is not None and (shared or len(us) > k):
+                # a share of the bundle's device (0.5 + 0.5 colocated workers), or a member holding part of a
+                # bundle: the bundle's reserved units, in their order -- what placement_map promised
+                mine = tuple(u for u in us if u in avail)[:k]
+                if len(mine) == k:
+                    return mine, ""
             # the reservation cannot be honoured (a device drained or taken meanwhile): choose afresh
     return chooser.choose(r, avail, k, None if shared else req.request)
 
@@ -280,6 +286,52 @@ def _reserve(r: str, avail: frozenset, req: GrantRequest, pgs: dict, chooser: "C
     res = Reservation(r, dict(got), now)
     pgs[req.pg] = res
     return res
+
+
+def reserve_group(st: ArbiterState, pg: str, resource: str, pg_bundles: Mapping[int, float], table: NodeTable, *,
+                  chooser: "Chooser", alive: Callable[[int], bool], now: float) -> tuple[ArbiterState, Reservation | None]:
+    """Reserve placement group ``pg``'s units on this node now, as its first member's grant would.
+
+    The driver-side form of a first member's arrival (:func:`rayaccel.placement_map`): the
+    candidates are the same -- units of slots no live holder pins, not drained, not reserved for
+    another group -- and so is the choice (:meth:`Chooser.gang` over the group's whole-unit
+    bundles here). Idempotent: an existing reservation is returned unchanged, and a member that
+    arrives later is handed exactly its bundle's units.
+
+    Args:
+        pg_bundles: the group's amount of ``resource`` per bundle placed on this node.
+
+    Returns:
+        The new state and the reservation (None when the group has no whole-unit bundle here, or
+        not enough free units: its members then choose at their grants, as without a reservation).
+    """
+    have = st.pgs.get(pg)
+    if have is not None:
+        return st, have
+    pool = st.pools.get(resource)
+    t = table.resources.get(resource)
+    if pool is None or t is None or t.kind == "mig":
+        return st, None
+    pinned: set[int] = set()
+    holders = {p: h for p, h in st.holders.items() if alive(p)}
+    pools = {r: list(u) for r, u in st.pools.items()}
+    for h in holders.values():
+        if h.waiting or (h.drain is not None and not h.pins(pools, table.device_of)):
+            continue
+        pinned.update(s for s, _ in h.slots.get(resource, ()))
+    req = GrantRequest(pid=-1, key="reservation", pg=pg, pg_bundles=pg_bundles)
+    reserved = _reserved(holders, st.pgs, req, resource)
+    dev = t.device_of
+    avail = frozenset(u for s, u in enumerate(pool)
+                      if s not in pinned and dev.get(u) not in st.drained and u not in reserved)
+    pgs = dict(st.pgs)
+    first = min((int(b) for b, g in pg_bundles.items() if g >= 1 - EPS and abs(g - round(g)) < EPS), default=None)
+    if first is None:
+        return st, None
+    res = _reserve(resource, avail, req._replace(bundle=first), pgs, chooser, now)
+    if res is None:
+        return st, None
+    return st._replace(pgs=pgs), res
 
 
 def _assign(pool: list, cand: list[int], mine: list[int], want: tuple) -> None:

@@ -20,7 +20,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from .._proc import cmdline
 from .._proc import exists as pid_alive  # the arbiter's default liveness test
@@ -28,7 +28,8 @@ from ..contract import LOCK_FILE, STATE_FILE
 from ..errors import ClusterError
 from . import decide as D
 from .choose import TableChooser
-from .state import ArbiterState, LockInfo, Snapshot, StateError, decode_state, encode_state, fresh_state, snapshot_of
+from .state import (ArbiterState, LockInfo, Reservation, Snapshot, StateError, decode_state, encode_state, fresh_state,
+                    snapshot_of)
 from .table import NodeTable
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,14 @@ class Arbiter:
             LockTimeout: with ``timeout_s``, the lock was not free in time.
         """
         return self._apply(lambda st: D.reap(st, self.alive), timeout_s)
+
+    def reserve_group(self, pg: str, resource: str, pg_bundles: Mapping[int, float]) -> Reservation | None:
+        """Reserve placement group ``pg``'s units here now, as its first member would (:func:`.decide.reserve_group`).
+
+        Idempotent: a group already reserved keeps its units. Returns the reservation, or None.
+        """
+        return self._apply(lambda st: D.reserve_group(st, pg, resource, pg_bundles, self.table, chooser=self.chooser,
+                                                      alive=self.alive, now=time.time()))
 
     def forget_groups(self, gone: set[str] | frozenset[str]) -> list[str]:
         """Drop reservations of placement groups in ``gone`` (learned from Ray by the caller) with no member here."""
