@@ -49,6 +49,15 @@ IB_DIR = "/sys/class/infiniband"
 IB_DIR_ENV = "RAYACCEL_IB_DIR"
 #: The NIC variable UCX (and so NIXL, RDT's NIXL transport) reads.
 UCX_NET_DEVICES = "UCX_NET_DEVICES"
+#: The NIC variables of other libraries the hook writes at each grant, besides UCX's (``rayaccel start --nic-env``,
+#: ``rayaccel.init(nic_env=)``, ``SimulatedCluster(nic_env=)``): a comma-separated subset of :data:`NIC_ENV_VARS`,
+#: set in the raylet's environment so every worker reads it. Unset: only ``UCX_NET_DEVICES``.
+NIC_ENV_ENV = "RAYACCEL_NIC_ENV"
+#: The variables ``--nic-env`` may name, and the form each takes (NCCL's ``=`` asks for exact names, not prefixes):
+#: RDMA devices as ``device:port`` (``NCCL_IB_HCA==mlx5_0:1,mlx5_1:1``, ``NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1``), or the
+#: network interfaces of those devices, when the host's sysfs names them (``NCCL_SOCKET_IFNAME==ib0``, ...).
+NIC_ENV_VARS = {"NCCL_IB_HCA": ("hca", "="), "NVSHMEM_HCA_LIST": ("hca", ""), "NCCL_SOCKET_IFNAME": ("netdev", "="),
+                "GLOO_SOCKET_IFNAME": ("netdev", ""), "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": ("netdev1", "")}
 #: The devices of a worker's current grant, in order (``0,3``), written by the hook at each grant: what
 #: the tensor transport and the store inside the worker read (:func:`format_devices`, :func:`parse_devices`).
 DEVICES_ENV = "RAYACCEL_DEVICES"
@@ -94,10 +103,10 @@ _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
 __all__ = ["DEVICES_ENV", "DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
-           "NAMESPACE", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL", "NODE_KEY_PREFIX", "NODE_PIN",
+           "NAMESPACE", "NIC_ENV_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL", "NODE_KEY_PREFIX", "NODE_PIN",
            "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
-           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "drain_name", "drain_target", "format_devices", "host_rdma_devices",
-           "kv_key", "label_value", "load_json", "new_node_key", "node_resource", "parse_devices", "valid_key"]
+           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",
+           "kv_key", "label_value", "load_json", "new_node_key", "nic_env_values", "node_resource", "parse_devices", "parse_nic_env", "valid_key"]
 
 
 def load_json(raw: bytes | str, *, what: str, max_bytes: int, error: type[Exception], where: str | None = None,
@@ -155,6 +164,50 @@ def host_rdma_devices() -> frozenset[str]:
         return frozenset(os.listdir(os.environ.get(IB_DIR_ENV) or IB_DIR))
     except OSError:
         return frozenset()
+
+
+def parse_nic_env(text: str | None) -> tuple[str, ...]:
+    """The variables :data:`NIC_ENV_ENV` (or ``--nic-env``) names, each once, in order.
+
+    Raises:
+        ValueError: a name that is not one of :data:`NIC_ENV_VARS` (the message names the accepted ones).
+    """
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    bad = [n for n in names if n not in NIC_ENV_VARS]
+    if bad:
+        raise ValueError(f"--nic-env: unknown variable(s) {', '.join(bad)}; rayaccel can write "
+                         f"{', '.join(NIC_ENV_VARS)} (UCX_NET_DEVICES is always written)")
+    return tuple(dict.fromkeys(names))
+
+
+def host_netdevs(rdma_device: str) -> tuple[str, ...]:
+    """The network interfaces (``ib0``, ``ens1f0``) of an RDMA device of this host, from sysfs; empty when unknown."""
+    base = os.environ.get(IB_DIR_ENV) or IB_DIR
+    try:
+        return tuple(sorted(os.listdir(os.path.join(base, rdma_device, "device", "net"))))
+    except OSError:
+        return ()
+
+
+def nic_env_values(names: "tuple[str, ...] | list[str]", nics: "tuple[str, ...] | list[str]",
+                   netdevs: "dict[str, tuple[str, ...]] | None" = None) -> dict[str, str | None]:
+    """The value of each variable in ``names`` for the RDMA NICs ``nics`` (UCX ``device:port``), None when it has none.
+
+    Args:
+        netdevs: RDMA device -> its network interfaces (:func:`host_netdevs`); the interface variables need them.
+    """
+    netdevs = netdevs or {}
+    ifs = list(dict.fromkeys(i for n in nics for i in netdevs.get(n.partition(":")[0], ())))
+    out: dict[str, str | None] = {}
+    for var in names:
+        kind, prefix = NIC_ENV_VARS[var]
+        if kind == "hca":
+            out[var] = prefix + ",".join(nics) if nics else None
+        elif kind == "netdev1":
+            out[var] = ifs[0] if ifs else None
+        else:
+            out[var] = prefix + ",".join(ifs) if ifs else None
+    return out
 
 
 def node_resource(node_key: str) -> str:

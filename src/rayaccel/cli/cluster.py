@@ -20,7 +20,8 @@ def _start(ctx: typer.Context,
            no_publish: bool = typer.Option(False, "--no-publish", help="Do not publish the topology or start the node agent (debugging)."),
            block: bool = typer.Option(False, "--block", help="Stay in the foreground until the node stops (containers, KubeRay); SIGTERM stops it."),
            network_topology: Optional[str] = typer.Option(None, "--network-topology", help="A Slurm topology.conf or AWS describe-instance-topology JSON naming this node: its network levels become labels (rayaccel.io/net-l1, ...)."),
-           instance_id: Optional[str] = typer.Option(None, "--instance-id", help="This node's EC2 instance id (with an AWS --network-topology file).")) -> None:
+           instance_id: Optional[str] = typer.Option(None, "--instance-id", help="This node's EC2 instance id (with an AWS --network-topology file)."),
+           nic_env: Optional[str] = typer.Option(None, "--nic-env", help="Also write these NIC variables at each grant, from the devices' near NICs (UCX_NET_DEVICES always): NCCL_IB_HCA, NVSHMEM_HCA_LIST, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME. A value the user set is kept.")) -> None:
     """Start a Ray node whose devices rayaccel manages (other flags go to `ray start`).
 
     Without GPUs and without --topology the node advertises no devices (a CPU node).
@@ -32,7 +33,7 @@ def _start(ctx: typer.Context,
     from ..ray.node.lifecycle import start_node
 
     res = start_node(list(ctx.args), topology, publish=not no_publish, network_topology=network_topology,
-                     instance_id=instance_id)
+                     instance_id=instance_id, nic_env=nic_env)
     rec = res.record
     t = rec.topology
     what = t.name or t.hostname or "discovered"

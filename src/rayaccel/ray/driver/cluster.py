@@ -29,7 +29,7 @@ from rayaccel.ray import kv
 from rayaccel.ray.node import agent
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.driver import view
-from rayaccel.ray.node.start import node_env, prepare, resolve_topology
+from rayaccel.ray.node.start import nic_env_names, node_env, prepare, resolve_topology
 from rayaccel.ray.record import NodeRecord, node_labels, node_resources
 
 
@@ -74,6 +74,8 @@ class SimulatedCluster:
         labels: extra Ray labels per node, in the order of ``topologies`` (None or a shorter
             list: none for the rest), e.g. ``ray.io/gpu-domain`` for trays of one NVLink domain
             (:func:`rayaccel.ray.driver.places.place_labels`). They override rayaccel's own labels.
+        nic_env: other libraries' NIC variables the rayaccel nodes' workers get at each grant
+            (``"NCCL_IB_HCA,NVSHMEM_HCA_LIST"``), as ``rayaccel start --nic-env``.
         ray_init_kwargs: passed to ``ray.init`` when connecting.
 
     Raises:
@@ -85,7 +87,7 @@ class SimulatedCluster:
                  connect: bool = True,
                  object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
                  metrics_export_port: int | None = None, labels: Sequence[dict | None] | None = None,
-                 **ray_init_kwargs: Any):
+                 nic_env: str | Sequence[str] | None = None, **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -95,6 +97,7 @@ class SimulatedCluster:
             raise ClusterError("Ray is already initialised in this process; call rayaccel.shutdown() first")
         topos = [resolve_topology(t) for t in topologies]  # bad names fail before anything is made
         extra = _check_labels(labels, len(topos))
+        self.nic_env = nic_env_names(nic_env)  # a bad name fails before anything starts
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self._own_tmp = "RAY_TMPDIR" not in os.environ
@@ -144,7 +147,7 @@ class SimulatedCluster:
             return base, None, None
         record, d = prepare(topo, simulated=True)
         num_gpus, res = node_resources(topo, record.node_key)
-        env = {**self.env, **node_env(topo, record.node_key, d)}
+        env = {**self.env, **node_env(topo, record.node_key, d, nic_env=self.nic_env or None)}
         base.update(num_gpus=num_gpus, resources=res, env_vars=env,
                     labels={**node_labels(topo, record.node_key, simulated=True), **(labels or {})})
         return base, record.node_key, d

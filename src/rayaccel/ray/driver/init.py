@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from rayaccel.errors import ClusterError
 from rayaccel.topology import NodeTopology
@@ -20,7 +20,8 @@ from rayaccel.ray.node.start import environ, node_env, node_topology, prepare
 from rayaccel.ray.record import node_labels, node_resources
 
 
-def init(address: str | None = None, topology: NodeTopology | str | None = None, **ray_init_kwargs: Any) -> Any:
+def init(address: str | None = None, topology: NodeTopology | str | None = None, *,
+         nic_env: str | Sequence[str] | None = None, **ray_init_kwargs: Any) -> Any:
     """Connect to a Ray cluster, or start an embedded one-node cluster whose node rayaccel manages.
 
     Args:
@@ -28,6 +29,8 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
             None starts an embedded local cluster whose node advertises ``topology``.
         topology: for the embedded cluster: a NodeTopology, catalog name or file (simulated);
             None discovers (see module docstring). Not allowed with ``address``.
+        nic_env: for the embedded cluster: other libraries' NIC variables its workers get at each grant,
+            besides ``UCX_NET_DEVICES`` (``"NCCL_IB_HCA,NVSHMEM_HCA_LIST"``; never over a value the user set).
         ray_init_kwargs: passed to ``ray.init`` (``num_cpus``, ``namespace`` ...; not
             ``num_gpus``/``resources``/``labels`` for an embedded cluster: rayaccel sets those).
 
@@ -48,6 +51,9 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     if not (address or "").startswith("ray://"):  # Ray Client takes its own extra keywords
         _check_init_kwargs(ray_init_kwargs)
     if address is not None:
+        if nic_env is not None:
+            raise ClusterError("nic_env= only applies to an embedded cluster (address=None); nodes of an existing "
+                               "cluster take it from `rayaccel start --nic-env`")
         if topology is not None:
             raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
                                "existing cluster publish their own topology via `rayaccel start`")
@@ -59,7 +65,7 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     record, directory = prepare(topo, simulated)
     num_gpus, res = node_resources(topo, record.node_key)
     ray_init_kwargs.setdefault("include_dashboard", False)
-    with environ(node_env(topo, record.node_key, directory)):
+    with environ(node_env(topo, record.node_key, directory, nic_env=nic_env)):
         # address="local": always a new embedded cluster, never one found in RAY_ADDRESS or /tmp/ray
         ctx = ray.init(address="local", num_gpus=num_gpus, resources=res,
                        labels=node_labels(topo, record.node_key, simulated=simulated), **ray_init_kwargs)

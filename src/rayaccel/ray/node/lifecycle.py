@@ -29,7 +29,7 @@ from rayaccel.discovery.network import node_levels
 from rayaccel.errors import ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray.node import nodedir
-from rayaccel.ray.node.start import node_env, node_topology, prepare
+from rayaccel.ray.node.start import nic_env_names, node_env, node_topology, prepare
 from rayaccel.ray.node.processes import _local, _my_ray_processes, _save_processes, _stop_new, local_nodes, stop_local
 from rayaccel.ray.record import node_labels, node_resources
 
@@ -149,7 +149,7 @@ def check_head(address: str, timeout_s: float = HEAD_PROBE_TIMEOUT_S) -> None:
 
 def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None = None,
                *, publish: bool = True, timeout_s: float = 120.0, network_topology: str | None = None,
-               instance_id: str | None = None) -> Started:
+               instance_id: str | None = None, nic_env: str | Sequence[str] | None = None) -> Started:
     """Start this machine's rayaccel node (see module docstring).
 
     Args:
@@ -159,6 +159,8 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
         network_topology: a Slurm ``topology.conf`` or AWS ``describe-instance-topology`` JSON
             file naming this node (``instance_id`` for AWS): its levels become node labels
             (:func:`rayaccel.discovery.network.node_levels`). Read before anything starts.
+        nic_env: other libraries' NIC variables workers get at each grant (``NCCL_IB_HCA,NVSHMEM_HCA_LIST``),
+            checked before anything starts.
 
     Raises:
         CaptureError: the network file is malformed or does not name this node (nothing started).
@@ -167,6 +169,7 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
     joining = _flag_value(ray_args, "--address")
     if joining is not None and "--head" not in ray_args:
         check_head(joining)  # nothing there: say so in seconds, not after ray start's two minutes
+    nic_env_names(nic_env)  # a bad name fails before anything starts
     network = None
     if network_topology is not None:
         network = node_levels(network_topology, socket.gethostname(), instance_id)
@@ -180,7 +183,7 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
         raise
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env.update(node_env(topo, record.node_key, directory, base=env))
+    env.update(node_env(topo, record.node_key, directory, base=env, nic_env=nic_env))
     if simulated and topology is not None and isinstance(topology, str):
         env["RAYACCEL_TOPOLOGY"] = topology
     before = _my_ray_processes()

@@ -30,7 +30,7 @@ import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from rayaccel import catalog
 from rayaccel.arbiter.build import VISIBLE_ENV, build_table, gpu_vendor
@@ -40,7 +40,8 @@ from rayaccel.errors import BackendUnavailable, ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp
 from rayaccel.ray.node import nodedir
-from rayaccel.contract import HOOK_MODULE, NODE_DIR_ENV, NODE_KEY_ENV, TABLE_FILE, UNHOOKED_PREFIX, new_node_key
+from rayaccel.contract import (HOOK_MODULE, NIC_ENV_ENV, NODE_DIR_ENV, NODE_KEY_ENV, TABLE_FILE, UNHOOKED_PREFIX,
+                               new_node_key, parse_nic_env)
 from rayaccel.ray.record import NodeRecord, node_resources, node_spec
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def resolve_topology(spec: NodeTopology | str) -> NodeTopology:
 
 
 def node_env(topology: NodeTopology, node_key: str, directory: Path,
-             base: dict[str, str] | None = None) -> dict[str, str]:
+             base: dict[str, str] | None = None, nic_env: str | Sequence[str] | None = None) -> dict[str, str]:
     """The environment variables a rayaccel node's raylet (and so every worker) must start with.
 
     * ``RAY_preload_python_modules`` gains :data:`HOOK_MODULE` (kept: what was there);
@@ -104,13 +105,21 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     * the vendor's visible-devices variable (and a non-GPU family's own): placeholder ids
       ``rayaccel-unhooked-<slot>``, so a worker that runs without the hook sees no device
       rather than a held one;
-    * ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` on NVIDIA nodes: CUDA numbers devices like NVML.
+    * ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` on NVIDIA nodes: CUDA numbers devices like NVML;
+    * ``RAYACCEL_NIC_ENV`` when ``nic_env`` names other libraries' NIC variables (``NCCL_IB_HCA``,
+      ``NVSHMEM_HCA_LIST``, ``NCCL_SOCKET_IFNAME``, ...): the hook writes them from the grant's near NICs.
+
+    Raises:
+        ClusterError: ``nic_env`` names a variable rayaccel cannot write (the message lists those it can).
     """
     base = dict(os.environ if base is None else base)
     if not rp.capabilities()[rp.TASK_END.name]:  # Ray < 2.50: said once, at the first node this process starts
         rp.warn_missing(rp.TASK_END)
     pre = [m for m in (base.get(rp.PRELOAD_ENV) or "").split(",") if m and m != HOOK_MODULE]
     env = {rp.PRELOAD_ENV: ",".join([*pre, HOOK_MODULE]), NODE_DIR_ENV: str(directory), NODE_KEY_ENV: node_key}
+    nic_vars = nic_env_names(nic_env)
+    if nic_vars:
+        env[NIC_ENV_ENV] = ",".join(nic_vars)
     num_gpus, res = node_resources(topology, node_key)
     spec = node_spec(topology)
     unit = [spec.resource] if spec is not None and spec.resource != "GPU" else []
@@ -129,6 +138,21 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     if var == "CUDA_VISIBLE_DEVICES":
         env.setdefault("CUDA_DEVICE_ORDER", base.get("CUDA_DEVICE_ORDER") or "PCI_BUS_ID")
     return env
+
+
+def nic_env_names(nic_env: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The NIC variables ``nic_env`` names (``"NCCL_IB_HCA,NVSHMEM_HCA_LIST"`` or a list), checked.
+
+    Raises:
+        ClusterError: a name rayaccel cannot write (the message lists those it can).
+    """
+    if nic_env is None:
+        return ()
+    text = nic_env if isinstance(nic_env, str) else ",".join(str(v) for v in nic_env)
+    try:
+        return parse_nic_env(text)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
 
 
 @contextmanager
@@ -161,4 +185,4 @@ def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None
     return record, d
 
 
-__all__ = ["environ", "node_env", "node_topology", "prepare", "resolve_topology"]
+__all__ = ["environ", "nic_env_names", "node_env", "node_topology", "prepare", "resolve_topology"]

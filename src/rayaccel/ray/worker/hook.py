@@ -48,8 +48,9 @@ from rayaccel.arbiter.statefile import Arbiter
 from rayaccel.arbiter.table import NodeTable, decode_table
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp
-from rayaccel.contract import (DEVICES_ENV, NODE_DIR_ENV, RECORD_FILE, REMOTE_MODULE, TABLE_FILE, UCX_NET_DEVICES,
-                               drain_target, format_devices, host_rdma_devices)
+from rayaccel.contract import (DEVICES_ENV, NIC_ENV_ENV, NODE_DIR_ENV, RECORD_FILE, REMOTE_MODULE, TABLE_FILE,
+                               UCX_NET_DEVICES, drain_target, format_devices, host_netdevs, host_rdma_devices,
+                               nic_env_values, parse_nic_env)
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,14 @@ class _NodeSide:
         #: device -> its near NICs that this host has: what UCX may be given (``table.nics`` names them all)
         self.ucx_nics = {i: tuple(n for n in nics if n.partition(":")[0] in host)
                          for i, nics in self.table.nics.items()}
+        try:  # other libraries' NIC variables the node was started to write (--nic-env), with UCX's NICs
+            self.nic_env = parse_nic_env(os.environ.get(NIC_ENV_ENV))
+        except ValueError as e:
+            log.error("rayaccel hook: %s=%s: %s; writing none of them", NIC_ENV_ENV, os.environ.get(NIC_ENV_ENV), e)
+            self.nic_env = ()
+        self.user_nic_env = {v: os.environ.get(v) for v in self.nic_env}  # a value the user set is kept
+        self.netdevs = {n.partition(":")[0]: host_netdevs(n.partition(":")[0])
+                        for ns in self.ucx_nics.values() for n in ns} if self.nic_env else {}
         self._record: Any = None
 
     @property
@@ -342,7 +351,7 @@ def _after_set_visible(saved: dict) -> dict:
     cur = _ensure(ns, rp.global_worker()) if ns.families else _W.current
     if cur is _DEFERRED:
         cur = None
-    for var in (*((ns.env_var,) if ns.gpus else ()), *ns.family_defaults, DEVICES_ENV, UCX_NET_DEVICES):
+    for var in (*((ns.env_var,) if ns.gpus else ()), *ns.family_defaults, DEVICES_ENV, UCX_NET_DEVICES, *ns.nic_env):
         saved.setdefault(var, os.environ.get(var))
     for t in ns.families:
         _family_env(ns, t, cur.units.get(t.name) if cur is not None else None)
@@ -351,6 +360,8 @@ def _after_set_visible(saved: dict) -> dict:
         if ns.gpus:
             _restore(ns.env_var, ns.default_visible)
         _restore(UCX_NET_DEVICES, ns.user_ucx)
+        for var, value in ns.user_nic_env.items():
+            _restore(var, value)
         os.environ.pop(DEVICES_ENV, None)
         _apply_affinity(None)
         return saved
@@ -371,6 +382,10 @@ def _after_set_visible(saved: dict) -> dict:
         os.environ[UCX_NET_DEVICES] = ",".join(nics)
     else:
         os.environ.pop(UCX_NET_DEVICES, None)
+    if ns.nic_env:
+        for var, value in nic_env_values(ns.nic_env, nics, ns.netdevs).items():
+            user = ns.user_nic_env.get(var)
+            _restore(var, user if user is not None else value)
     return saved
 
 
