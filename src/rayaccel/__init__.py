@@ -5,7 +5,8 @@ Public surface (``__all__``; tests/test_api.py holds ``__all__`` to this list):
 * topology data: ``Device``, ``Link``, ``MigProfile``, ``Nic``, ``NodeTopology``, ``Partition``
 * discovery: ``discover``, ``load_topology``
 * placement: ``plan``, ``Request``, ``Allocation``, ``Rejection``, ``NodeState``
-* on Ray: ``init``, ``shutdown``, ``remote``, ``gang``, ``get_devices``, ``store``
+* on Ray: ``init``, ``shutdown``, ``remote``, ``gang``, ``get_devices``, ``store``, ``placement_map``,
+  ``rank_order``
 * errors, the tree drawn in :mod:`rayaccel.errors`: ``RayaccelError``, ``TopologyError``,
   ``CaptureError``, ``CatalogError``, ``BackendError``, ``BackendUnavailable``, ``PluginError``,
   ``RequestError``, ``OutputPathError``, ``ClusterError``, ``Unsatisfiable``, ``StoreError``,
@@ -43,6 +44,8 @@ _LAZY = {
     "remote": "rayaccel.ray",
     "gang": "rayaccel.ray",
     "get_devices": "rayaccel.ray",
+    "placement_map": "rayaccel.ray",
+    "rank_order": "rayaccel.ray",
     "store": "rayaccel.ray.worker.store",
 }
 

@@ -4,6 +4,8 @@
 * :func:`remote` -- tasks and actors with what ``num_gpus`` cannot say (:mod:`.tasks`)
 * :func:`gang` -- co-scheduled workers with torch.distributed (:mod:`.gangs`)
 * :func:`get_devices` -- inside any GPU worker of a rayaccel node (:mod:`.worker`)
+* :func:`placement_map` / :func:`rank_order` -- a placement group's devices per bundle before any task
+  runs in it, and the rank order that follows the fabric (:mod:`.driver.placemap`)
 * :class:`SimulatedCluster` -- multi-node clusters of simulated nodes (:mod:`.cluster`)
 * :mod:`.hook` / :mod:`.arbiter` -- in every worker: which devices stand behind Ray's grant
 * :mod:`.claim` -- a request as Ray options; :mod:`.view` -- the cluster as drivers see it;
@@ -31,6 +33,9 @@ _LAZY = {
     "Assignment": "rayaccel.ray.worker.devices",
     "SimulatedCluster": "rayaccel.ray.driver.cluster",
     "cluster_status": "rayaccel.ray.driver.status",
+    "placement_map": "rayaccel.ray.driver.placemap",
+    "rank_order": "rayaccel.ray.driver.placemap",
+    "PlacementMap": "rayaccel.ray.driver.placemap",
 }
 
 __all__ = sorted(_LAZY)
