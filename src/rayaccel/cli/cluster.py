@@ -114,11 +114,6 @@ def _status(address: str = typer.Option("auto", "--address", help="Ray address t
 
         for item in placement_group_tables(pgs):
             console.print(item)
-    if pgs is not None:
-        from .placements import placement_group_tables
-
-        for item in placement_group_tables(pgs):
-            console.print(item)
 
 
 def _demo(out: Optional[Path] = typer.Option(None, "--out", help="Also write placement.png and demo.json to this folder (created; default: write nothing)."),
