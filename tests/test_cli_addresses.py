@@ -139,12 +139,12 @@ def test_no_hint_names_a_machine_the_catalog_lacks():
     from pathlib import Path
 
     from rayaccel import catalog
+    from rayaccel.discovery import tpu
 
+    named = re.findall(r"e\.g\. ([a-z0-9][\w.-]*)", tpu._HINT)
+    assert named and all(n in catalog.names() for n in named), named
     src = Path(__file__).parents[1] / "src" / "rayaccel"
-    names = set(catalog.names())
-    for f in src.rglob("*.py"):
-        for m in re.finditer(r"RAYACCEL_TOPOLOGY[^\n]{0,80}?\(e\.g\. ([\w.-]+)", f.read_text()):
-            assert m.group(1) in names, (f, m.group(1))
+    assert not [f for f in src.rglob("*.py") if "tpu-v4-host" in f.read_text()]
 
 
 # ---------------------------------------------------------------- the demo, its sides replaced by canned results
@@ -196,3 +196,24 @@ def test_a_failed_demo_leaves_no_folder(monkeypatch, tmp_path):
     r = runner.invoke(app, ["demo", "--out", str(tmp_path / "new" / "out")])
     assert r.exit_code == 2 and "the run failed" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_ray_error_in_the_demo_is_one_line(monkeypatch, tmp_path):
+    import rayaccel.demo as demo
+
+    class FakeCluster:
+        def __init__(self, *a, **k):
+            pass
+
+        def shutdown(self):
+            pass
+
+    def run(storage, log):
+        raise TimeoutError("the demo expected 4 GPUs in use, Ray shows 3.0")
+    monkeypatch.setattr(demo, "SimulatedCluster", FakeCluster)
+    monkeypatch.setattr(demo.workload, "run", run)
+    r = runner.invoke(app, ["demo"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    lines = r.stderr.strip().splitlines()
+    assert lines == ["error: the demo's rayaccel run failed: TimeoutError: the demo expected 4 GPUs in use, Ray shows "
+                     "3.0"]

@@ -120,6 +120,23 @@ def test_a_plain_driver_on_a_rayaccel_start_cluster_gets_nv2_pairs(two_clusters)
     assert all(topo.link(*sorted(p)).label == "NV2" for p in pairs)
 
 
+def test_auto_refuses_two_clusters_and_the_address_read_comes_first(two_clusters):
+    """Issue 22: with two clusters here, ``--address auto`` (the default) names both instead of picking one;
+    given an address, the first line says which cluster is read (``--json``: an ``address`` field)."""
+    a, b = two_clusters
+    env = {k: v for k, v in a["env"].items() if k != "RAY_ADDRESS"}
+    r = _cli("status", env=env, timeout=60)
+    assert r.returncode == 2 and "Ray clusters run on this machine" in r.stderr, r.stderr[-2000:]
+    for h in (a, b):
+        assert f":{h['port']}" in r.stderr  # each cluster listed by its GCS address
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = _cli("top", "--once", "--address", a["address"], env=env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[0] == f"cluster: {a['address']}" and "q quits" not in r.stdout
+    st = _cli("status", "--address", a["address"], "--json", env=env, timeout=60)
+    assert st.returncode == 0 and json.loads(st.stdout)["address"] == a["address"], st.stderr[-2000:]
+
+
 def test_stop_stops_only_its_own_cluster(two_clusters):
     a, b = two_clusters
     r = _cli("stop", env=a["env"])

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import catalog
+from ..errors import ClusterError
 from ..placement import allreduce_bandwidth_gbps
 from ..ray.driver.cluster import SimulatedCluster
 from . import workload
@@ -36,6 +37,12 @@ def _side(plain: bool, storage: str, log: Callable[[str], None]) -> dict[str, An
                          log_to_driver=False)
     try:
         return workload.run(storage, log)
+    except ClusterError:
+        raise
+    except Exception as e:  # a Ray error of the run: one line (the CLI prints it), not a traceback
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ClusterError(f"the demo's {'plain Ray' if plain else 'rayaccel'} run failed: {type(e).__name__}: "
+                           f"{first[:300]}") from e
     finally:
         c.shutdown()
 
