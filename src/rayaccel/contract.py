@@ -13,13 +13,15 @@ A rayaccel node advertises to Ray (:mod:`.record` computes it):
   :func:`rayaccel.placement.pools.gpu_pool`). This is Ray's own ledger: any Ray GPU work can use it.
 * ``mig_<profile>`` (e.g. ``mig_1g.5gb``): one per MIG instance of that profile, a
   unit-instance resource (each instance gets its own slot id).
-* ``rayaccel_node_<key>``: 1.0, a node-unique marker; its key names the node's record
-  in Ray's GCS key-value store (namespace ``"rayaccel"``, key ``topology/<key>``) and
-  its directory. Gang bundles ask for :data:`NODE_PIN` of it to pin to the node.
+* the rest of what Ray itself advertises on that hardware (its accelerator family's unit
+  resource, ``accelerator_type:<T>``, ...) -- and nothing else: no resource of rayaccel's own.
 
-Labels (Ray's label syntax: <= 63 chars of ``[A-Za-z0-9._-]``): ``rayaccel.io/node-key``,
-``rayaccel.io/accelerator-model``, ``rayaccel.io/vendor``, ``rayaccel.io/devices``,
-``rayaccel.io/mig-instances``, ``rayaccel.io/simulated``, ``rayaccel.io/topology``.
+Labels (Ray's label syntax: <= 63 chars of ``[A-Za-z0-9._-]``) are rayaccel's only addition:
+``rayaccel.io/node-key`` (a node-unique key naming the node's record in Ray's GCS key-value
+store, namespace ``"rayaccel"``, key ``topology/<key>``, and its directory; work and gang
+bundles are pinned to a node by selecting it), ``rayaccel.io/accelerator-model``,
+``rayaccel.io/vendor``, ``rayaccel.io/devices``, ``rayaccel.io/mig-instances``,
+``rayaccel.io/simulated``, ``rayaccel.io/topology``, ``rayaccel.io/nvlink-*``, ``rayaccel.io/net-l<n>``.
 """
 
 from __future__ import annotations
@@ -70,13 +72,15 @@ UNHOOKED_PREFIX = "rayaccel-unhooked-"
 
 # ---------------------------------------------------------------- GCS, labels, names
 NAMESPACE = "rayaccel"
-NODE_KEY_PREFIX = "rayaccel_node_"
 LABEL_PREFIX = "rayaccel.io/"
 NODE_KEY_LABEL = LABEL_PREFIX + "node-key"
-#: Fraction of the node marker a gang bundle asks for (pins the bundle to its node).
-NODE_PIN = 0.001
 #: Name prefix of drain placeholder actors: ``rayaccel-drain-<node key>-<device>``.
 DRAIN_PREFIX = "rayaccel-drain-"
+#: The Ray namespace the node agents connect in: Ray hides a ``_ray_internal_`` namespace's jobs from its views,
+#: as it does its own dashboard's.
+AGENT_NAMESPACE = "_ray_internal_rayaccel"
+#: GCS KV key prefix (namespace :data:`NAMESPACE`) of where a node's agent answers: ``agent/<node key>``.
+AGENT_PREFIX = "agent/"
 
 # ---------------------------------------------------------------- the node directory
 #: The node's record (:class:`rayaccel.ray.record.NodeRecord`, JSON).
@@ -96,17 +100,19 @@ RECORD_SCHEMA = "rayaccel.record/1"
 SNAPSHOT_SCHEMA = "rayaccel.snapshot/1"
 #: The node table workers read.
 TABLE_SCHEMA = "rayaccel.table/1"
+#: Where a node's agent answers (GCS KV ``agent/<key>``: its address, pid and the connection's key).
+AGENT_SCHEMA = "rayaccel.agent/1"
 #: The arbiter's state file (marshal, with a checksum).
 STATE_SCHEMA = "rayaccel.arbiter/2"
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
-__all__ = ["DEVICES_ENV", "DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
-           "NAMESPACE", "NIC_ENV_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL", "NODE_KEY_PREFIX", "NODE_PIN",
+__all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
+           "NAMESPACE", "NIC_ENV_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL",
            "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
            "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",
-           "kv_key", "label_value", "load_json", "new_node_key", "nic_env_values", "node_resource", "parse_devices", "parse_nic_env", "valid_key"]
+           "kv_key", "label_value", "load_json", "new_node_key", "nic_env_values", "parse_devices", "parse_nic_env", "valid_key"]
 
 
 def load_json(raw: bytes | str, *, what: str, max_bytes: int, error: type[Exception], where: str | None = None,
@@ -208,11 +214,6 @@ def nic_env_values(names: "tuple[str, ...] | list[str]", nics: "tuple[str, ...] 
         else:
             out[var] = prefix + ",".join(ifs) if ifs else None
     return out
-
-
-def node_resource(node_key: str) -> str:
-    """``rayaccel_node_<key>``."""
-    return f"{NODE_KEY_PREFIX}{node_key}"
 
 
 def kv_key(node_key: str) -> str:

@@ -120,9 +120,8 @@ def _train(out, cluster):
 
 def _free_on(node_key):
     from rayaccel.ray.node import agent
-    import ray
 
-    return set(ray.get(agent.handle(node_key).snapshot.remote()).free)
+    return set(agent.handle(node_key).ask("snapshot").free)
 
 
 def test_devices_come_back_after_sigkill_and_actor_kill(cluster):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -45,7 +46,7 @@ def test_an_injected_xid_79_drains_the_device_within_2_s_and_work_lands_elsewher
     dev = 3
     h = _agent(dgx.node_key)
     t0 = time.monotonic()
-    ray.get(h.call.remote("inject", "xid", dev, xid=79))
+    h.ask("inject", "xid", dev, xid=79)
     wait_for(lambda: _dev_row("dgx1-v100", dev)["state"] == "drained", 5, "device 3 drained")
     assert time.monotonic() - t0 < 2.5
     row = _dev_row("dgx1-v100", dev)
@@ -71,7 +72,7 @@ def test_an_injected_xid_79_drains_the_device_within_2_s_and_work_lands_elsewher
         dgx_row = next(n for n in st["nodes"] if n["name"] == "dgx1-v100")
         assert any(e["kind"] == "xid" and e["code"] == 79 for e in dgx_row["health_events"])
     finally:
-        ray.get(h.call.remote("undrain", dev))
+        h.ask("undrain", dev)
     wait_for(lambda: _dev_row("dgx1-v100", dev)["state"] == "free", 10, "device 3 back")
 
 
@@ -132,9 +133,10 @@ def test_operator_drain_with_kill_and_undrain_through_the_cli(cluster):
     row = next(n for n in json.loads(js.stdout)["nodes"] if n["name"] == "dgx1-v100")["devices"][5]
     assert row["state"] == "drained" and row["drain"]["reason"] == "fan replaced"
     # the drain survives a restart of the node's agent (and so of its health watcher)
-    ray.kill(_agent(dgx.node_key), no_restart=False)
-    wait_for(lambda: _agent(dgx.node_key) is not None and
-             ray.get(_agent(dgx.node_key).ping.remote(), timeout=10) == dgx.node_key, 30, "the agent back")
+    old = _agent(dgx.node_key).ask("pid")
+    os.kill(old, signal.SIGKILL)  # its supervisor starts it again
+    wait_for(lambda: _agent(dgx.node_key) is not None and _agent(dgx.node_key).pid != old and
+             _agent(dgx.node_key).ping() == dgx.node_key, 30, "the agent back")
     assert _dev_row("dgx1-v100", 5)["state"] == "drained"
     r = subprocess.run([sys.executable, "-m", "rayaccel.cli", "undrain", f"{dgx.node_key}:5", "--address",
                         cluster.address], capture_output=True, text=True, env=env, timeout=120)

@@ -321,6 +321,17 @@ def node_temp_dir() -> str | None:
         return None
 
 
+def logs_dir() -> str | None:
+    """The session's log directory of the Ray node this process is connected to (None when not connected)."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    try:
+        return node.get_logs_dir_path() if node is not None else None
+    except AttributeError:
+        return None
+
+
 def raylet_pid(node: Any = None) -> int | None:
     """The raylet's pid of ``node`` (a ``ray.cluster_utils.Cluster`` node; default: the node this process
     started, as ``ray.init()`` does), or None when this process did not start it."""

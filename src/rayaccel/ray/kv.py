@@ -16,7 +16,7 @@ from __future__ import annotations
 from rayaccel.arbiter.state import Snapshot, decode_snapshot, encode_snapshot
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp
-from rayaccel.contract import NAMESPACE, kv_key
+from rayaccel.contract import AGENT_PREFIX, NAMESPACE, kv_key
 from rayaccel.ray.record import NodeRecord
 
 STATE_PREFIX = "state/"
@@ -57,6 +57,7 @@ def delete(node_key: str) -> None:
     _check()
     rp.kv_del(kv_key(node_key), NAMESPACE)
     rp.kv_del(STATE_PREFIX + node_key, NAMESPACE)
+    rp.kv_del(AGENT_PREFIX + node_key, NAMESPACE)
 
 
 def publish_state(node_key: str, snapshot: Snapshot) -> None:

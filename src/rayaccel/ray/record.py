@@ -1,8 +1,9 @@
 """What a rayaccel node advertises to Ray and publishes about itself: resources, labels, its record.
 
 * resources: ``GPU`` = the node's GPU pool (:func:`rayaccel.placement.pools.gpu_pool`),
-  ``mig_<profile>`` per MIG profile, the node marker ``rayaccel_node_<key>``;
-* labels: ``rayaccel.io/...`` (see :mod:`.names`);
+  ``mig_<profile>`` per MIG profile, the rest as Ray itself would advertise on that hardware; no
+  resource of rayaccel's own;
+* labels: ``rayaccel.io/...`` (see :mod:`rayaccel.contract`): how rayaccel names and selects its nodes;
 * :class:`NodeRecord`: its topology and how it was found (GCS KV and the node directory).
 """
 
@@ -18,7 +19,7 @@ from rayaccel.discovery.rayspec import RaySpec, ray_node_resources, spec_for
 from rayaccel.errors import BackendError, TopologyError
 from rayaccel.placement.pools import gpu_pool, mig_pools
 from rayaccel.topology import NodeTopology
-from rayaccel.contract import RECORD_SCHEMA, LABEL_PREFIX, NODE_KEY_LABEL, label_value, load_json, node_resource, valid_key
+from rayaccel.contract import RECORD_SCHEMA, LABEL_PREFIX, NODE_KEY_LABEL, label_value, load_json, valid_key
 
 log = logging.getLogger(__name__)
 GPU = "GPU"
@@ -36,17 +37,18 @@ def node_spec(topology: NodeTopology) -> RaySpec | None:
         return None
 
 
-def node_resources(topology: NodeTopology, node_key: str) -> tuple[int, dict[str, float]]:
+def node_resources(topology: NodeTopology) -> tuple[int, dict[str, float]]:
     """``(num_gpus, custom resources)`` a node with ``topology`` advertises (see module docstring).
 
     What Ray itself would advertise on that hardware (:func:`rayaccel.discovery.ray_node_resources`:
     the family's resource counted by unit -- ``neuron_cores`` = devices x cores, ``TPU`` chips --,
     ``accelerator_type:<T>`` by Ray's naming, a TPU host's pod-slice resources), except that the
     ``GPU`` count is the GPU pool (devices in MIG mode and failed ones are not Ray's GPUs here) and
-    MIG instances are ``mig_<profile>`` resources; plus rayaccel's node marker.
+    MIG instances are ``mig_<profile>`` resources. Nothing else: a node is named and selected by its
+    ``rayaccel.io/node-key`` label (:func:`node_labels`), not by a resource.
     """
     spec = node_spec(topology)
-    res: dict[str, float] = {node_resource(node_key): 1.0}
+    res: dict[str, float] = {}
     ray_res = ray_node_resources(topology, spec)[0] if spec is not None else {}
     if spec is None or spec.resource == GPU:
         num_gpus = len(gpu_pool(topology))
@@ -135,9 +137,9 @@ class NodeRecord:
         """Why this record does not describe a node advertising ``total`` resources, or None.
 
         A node's record must match what its raylet advertises: the GPU pool size, each
-        MIG-profile count, its accelerator family's unit count, and the node marker.
+        MIG-profile count and its accelerator family's unit count.
         """
-        num_gpus, res = node_resources(self.topology, self.node_key)
+        num_gpus, res = node_resources(self.topology)
         have = float(total.get("GPU", 0.0))
         if abs(have - num_gpus) > 1e-6:
             return f"record lists {num_gpus} GPU(s) but the node advertises {have:g}"

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from rayaccel.errors import ClusterError
 from rayaccel.placement.pools import gpu_pool
 from rayaccel.topology import NodeTopology
-from rayaccel.ray import kv
+from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.node import agent
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.driver import view
@@ -42,6 +42,7 @@ class SimNode:
     topology: NodeTopology
     handle: Any
     directory: Path | None = None
+    agent: Any = None  # the node agent's process (a rayaccel node, once connected)
 
     @property
     def managed(self) -> bool:
@@ -71,6 +72,8 @@ class SimulatedCluster:
             rayaccel), e.g. to compare with Ray's own device choice on the same cluster.
         env: extra environment variables for every node's raylet (and workers).
         metrics_export_port: the head's Prometheus endpoint port (None: Ray picks one).
+        dashboard: start Ray's dashboard on the head (what ``ray.util.state`` asks; off by default: it is slow
+            to start).
         labels: extra Ray labels per node, in the order of ``topologies`` (None or a shorter
             list: none for the rest), e.g. ``ray.io/gpu-domain`` for trays of one NVLink domain
             (:func:`rayaccel.ray.driver.places.place_labels`). They override rayaccel's own labels.
@@ -87,7 +90,7 @@ class SimulatedCluster:
                  connect: bool = True,
                  object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
                  metrics_export_port: int | None = None, labels: Sequence[dict | None] | None = None,
-                 nic_env: str | Sequence[str] | None = None, **ray_init_kwargs: Any):
+                 nic_env: str | Sequence[str] | None = None, dashboard: bool = False, **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -117,7 +120,7 @@ class SimulatedCluster:
         plain = set(plain)
         try:
             args, key, d = self._node_args(topos[0], 0 in plain, extra[0], cpus[0])
-            args.update(temp_dir=self.temp_dir, include_dashboard=False)
+            args.update(temp_dir=self.temp_dir, include_dashboard=bool(dashboard))
             if metrics_export_port is not None:
                 args["metrics_export_port"] = metrics_export_port
             self._cluster = Cluster(initialize_head=True, head_node_args=args)
@@ -129,8 +132,10 @@ class SimulatedCluster:
             if connect:
                 ray.init(address=self._cluster.address, **ray_init_kwargs)
                 self._connected = True
-                for n in self.nodes:
-                    self._publish(n)
+                for n in self.nodes:  # the agents start side by side
+                    self._publish(n, wait=False)
+                managed = [n for n in self.nodes if n.managed]
+                agent.wait_started([n.node_key for n in managed], [n.agent for n in managed])
         except BaseException:
             self.shutdown()
             raise
@@ -146,7 +151,7 @@ class SimulatedCluster:
                 base["labels"] = dict(labels)
             return base, None, None
         record, d = prepare(topo, simulated=True)
-        num_gpus, res = node_resources(topo, record.node_key)
+        num_gpus, res = node_resources(topo)
         env = {**self.env, **node_env(topo, record.node_key, d, nic_env=self.nic_env or None)}
         base.update(num_gpus=num_gpus, resources=res, env_vars=env,
                     labels={**node_labels(topo, record.node_key, simulated=True), **(labels or {})})
@@ -160,13 +165,13 @@ class SimulatedCluster:
         self.nodes.append(node)
         return node
 
-    @staticmethod
-    def _publish(node: SimNode) -> None:
+    def _publish(self, node: SimNode, wait: bool = True) -> None:
         if not node.managed:
             return
 
         kv.publish(NodeRecord(node.node_key, node.topology, simulated=True))
-        agent.start(node.node_key, node.node_id)
+        node.agent = agent.start(node.node_key, node.node_id, node.directory, raylet_pid=rp.raylet_pid(node.handle),
+                                 wait=wait)
 
     @property
     def address(self) -> str:
@@ -213,6 +218,7 @@ class SimulatedCluster:
         if n is self.nodes[0]:
             raise ClusterError("cannot remove the head node: the driver is connected to it")
         self._cluster.remove_node(n.handle, allow_graceful=False)
+        agent.stop(n.agent)  # it would exit by itself once its raylet is gone
         self.nodes.remove(n)
         if self._connected and n.managed:
             kv.delete(n.node_key)
@@ -225,6 +231,9 @@ class SimulatedCluster:
         """Disconnect and stop every node (idempotent)."""
         import ray
 
+        for n in getattr(self, "nodes", ()):
+            agent.stop(n.agent)
+            n.agent = None
         if self._connected:
             ray.shutdown()
             self._connected = False

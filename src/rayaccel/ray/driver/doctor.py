@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from rayaccel._version import __version__ as _rayaccel_version
+from rayaccel.errors import ClusterError
 
 from rayaccel.ray.node import agent
 from rayaccel.ray import _ray_private as rp
@@ -57,27 +58,24 @@ def run(timeout_s: float = 15.0) -> list[Row]:
     v = view()
     nodes = v.nodes(fresh=True)
     rows: list[Row] = []
-    refs = {}
+    handles = {}
     for n in nodes:
         h = agent.handle(n.node_key)
         if h is None:
             rows.append(Row(n.node_key, "agent", "fail", "the node agent is not running",
                             "restart the node with `rayaccel start`"))
             continue
-        refs[n.node_key] = h.call.remote("doctor")
+        handles[n.node_key] = h
     facts: dict[str, dict] = {}
-    if refs:
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        for k, r in refs.items():
-            if r in ready:
-                try:
-                    facts[k] = ray.get(r)
-                except ray.exceptions.RayError as e:
-                    rows.append(Row(k, "agent", "fail", f"the node agent failed: {str(e).splitlines()[0][:200]}",
-                                    "see the agent's log (ray logs)"))
-            else:
-                rows.append(Row(k, "agent", "fail", f"the node agent did not answer within {timeout_s:.0f} s",
-                                "check the node (ray status); restart it with `rayaccel start`"))
+    for k, a in agent.ask_all(handles, "doctor", timeout_s=timeout_s).items():
+        if isinstance(a, agent.AgentUnavailable):
+            rows.append(Row(k, "agent", "fail", f"the node agent did not answer: {str(a)[:200]}",
+                            "check the node (ray status); restart it with `rayaccel start`"))
+        elif isinstance(a, Exception):
+            rows.append(Row(k, "agent", "fail", f"the node agent failed: {str(a).splitlines()[0][:200]}",
+                            "see the agent's log (its node's Ray log directory)"))
+        else:
+            facts[k] = a
     rows += version_rows(facts, ray_driver=ray.__version__, rayaccel_driver=_rayaccel_version)
     rows.append(feature_row(rp.capabilities(), ray.__version__))
     for nid in v.unmanaged:
@@ -250,11 +248,9 @@ def _pending(nodes: list) -> list[Row]:
     h = agent.handle(heads[0].node_key)
     if h is None:
         return []
-    import ray
-
     try:
-        demand = ray.get(h.call.remote("gpu_demand"), timeout=10)
-    except (ray.exceptions.RayError, TimeoutError):
+        demand = h.ask("gpu_demand", timeout_s=10)
+    except ClusterError:
         return [Row("cluster", "pending GPU requests", "warn", "could not read Ray's pending demand")]
     now = time.time()
     old = [d for d in demand if now - d["since"] > PENDING_S]

@@ -52,7 +52,8 @@ from typing import Any, Callable
 from rayaccel.errors import ClusterError, RequestError, Unsatisfiable
 from rayaccel.placement import place_gang
 from rayaccel.placement.pools import gpu_pool
-from rayaccel.contract import NODE_PIN, node_resource
+from rayaccel.contract import NODE_KEY_LABEL
+from rayaccel.ray import _ray_private as rp
 from rayaccel.ray.driver.places import place_of
 from rayaccel.ray.driver.tasks import REQUEST_FIELDS
 from rayaccel.ray.driver.view import claims, node_state, view
@@ -159,9 +160,12 @@ class Gang:
                         self.replans += 1
                         self._reserve(*fresh)
                         wait_s = REPLAN_AFTER_S
+            if not rp.can_pin_bundles():
+                self._nodes_granted()
             c = claims()
             for n, a in zip(self.nodes, self.allocation.workers):
-                c.add(n.node_id, tuple(a.devices), float(gpus_per_worker))
+                if n.node_id == a.node:  # a bundle Ray placed elsewhere (unpinned) claims nothing
+                    c.add(n.node_id, tuple(a.devices), float(gpus_per_worker))
             self.backend = backend or ("gloo" if any(n.record.simulated for n in self.nodes) else "nccl")
             cls = _worker_cls()
             for i in range(len(self.bundles)):
@@ -215,12 +219,29 @@ class Gang:
         by_id = {n.node_id: n for n in nodes}
         self.allocation = ga
         self.nodes = [by_id[a.node] for a in ga.workers]
-        # Hard node pins: a bundle has no soft node affinity, and without a pin Ray's PACK would choose the
-        # nodes (no domains, no packing). A pin gone stale is re-planned while the group is pending.
-        self.bundles = [{"GPU": float(k), node_resource(n.node_key): NODE_PIN} for n in self.nodes]
-        one_node = len({n.node_id for n in self.nodes}) == 1
-        self.placement_group = placement_group(self.bundles, strategy="STRICT_PACK" if one_node else "PACK",
-                                               name=f"rayaccel-gang-{self.name}-{uuid.uuid4().hex[:8]}")
+        # Hard node pins by label: a bundle has no soft node affinity, and without a pin Ray's PACK would choose
+        # the nodes (no domains, no packing). A pin gone stale is re-planned while the group is pending. Pinned
+        # bundles use PACK even on one node (the pins keep them there; STRICT_PACK ignores bundle selectors on
+        # some releases). A Ray that cannot pin a bundle by label places them by its own strategy.
+        self.bundles = [{"GPU": float(k)} for _ in self.nodes]
+        name = f"rayaccel-gang-{self.name}-{uuid.uuid4().hex[:8]}"
+        if rp.can_pin_bundles():
+            self.placement_group = placement_group(
+                self.bundles, strategy="PACK", name=name,
+                bundle_label_selector=[{NODE_KEY_LABEL: n.node_key} for n in self.nodes])
+        else:
+            rp.warn_missing(rp.BUNDLE_LABELS)
+            one_node = len({n.node_id for n in self.nodes}) == 1
+            self.placement_group = placement_group(self.bundles, strategy="STRICT_PACK" if one_node else "PACK",
+                                                   name=name)
+
+    def _nodes_granted(self) -> None:
+        """Unpinned bundles (a Ray without bundle label selectors): read the nodes Ray placed them on."""
+        from ray.util.placement_group import placement_group_table
+
+        where = placement_group_table(self.placement_group).get("bundles_to_node_id") or {}
+        by_id = {n.node_id: n for n in view().nodes(fresh=True)}
+        self.nodes = [by_id.get(where.get(i), n) for i, n in enumerate(self.nodes)]
 
     def _taken(self) -> bool:
         """True when Ray's fresh counts say a chosen node no longer has room for its bundles (or is gone)."""

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from rayaccel.errors import ClusterError
 from rayaccel.topology import NodeTopology
-from rayaccel.ray import kv
+from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.driver import view
 from rayaccel.ray.node import agent, nodedir
 from rayaccel.ray.node.start import environ, node_env, node_topology, prepare
@@ -63,7 +63,7 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
             raise ClusterError(f"{k}= is set by rayaccel for an embedded cluster (from the topology)")
     topo, simulated = node_topology(topology)
     record, directory = prepare(topo, simulated)
-    num_gpus, res = node_resources(topo, record.node_key)
+    num_gpus, res = node_resources(topo)
     ray_init_kwargs.setdefault("include_dashboard", False)
     with environ(node_env(topo, record.node_key, directory, nic_env=nic_env)):
         # address="local": always a new embedded cluster, never one found in RAY_ADDRESS or /tmp/ray
@@ -71,8 +71,10 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
                        labels=node_labels(topo, record.node_key, simulated=simulated), **ray_init_kwargs)
     try:
         kv.publish(record)
-        agent.start(record.node_key, rp_node_id_of_driver(), directory)
+        _AGENTS.append(agent.start(record.node_key, rp_node_id_of_driver(), directory, raylet_pid=rp.raylet_pid()))
     except BaseException:
+        while _AGENTS:
+            agent.stop(_AGENTS.pop())
         ray.shutdown()
 
         nodedir.remove(directory)
@@ -82,6 +84,8 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
 
 
 _EMBEDDED: list[Path] = []
+#: The embedded node's agent process (stopped by :func:`shutdown`; it also ends with the raylet).
+_AGENTS: list = []
 
 
 def rp_node_id_of_driver() -> str:
@@ -114,6 +118,8 @@ def shutdown() -> None:
     """Disconnect from Ray (stopping an embedded cluster) and forget cached cluster state."""
     import ray
 
+    while _AGENTS:
+        agent.stop(_AGENTS.pop())
     ray.shutdown()
     view.reset()
     while _EMBEDDED:

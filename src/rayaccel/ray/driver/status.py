@@ -36,24 +36,16 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
     Raises:
         ClusterError: not connected to Ray.
     """
-    import ray
-
     v = view()
     nodes = v.nodes(fresh=True)
     handles = {n.node_key: agent.handle(n.node_key) for n in nodes}
-    refs = {k: h.snapshot.remote() for k, h in handles.items() if h is not None}
+    answers = agent.ask_all({k: h for k, h in handles.items() if h is not None}, "snapshot", timeout_s=timeout_s)
     snaps: dict[str, Snapshot] = {}
     source: dict[str, str] = {}
-    if refs:
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        ready_set = set(ready)
-        for k, r in refs.items():
-            if r in ready_set:
-                try:
-                    snaps[k] = ray.get(r)
-                    source[k] = "answered"
-                except ray.exceptions.RayError:
-                    pass
+    for k, a in answers.items():
+        if not isinstance(a, Exception):
+            snaps[k] = a
+            source[k] = "answered"
     out = []
     now = time.time()
     for n in nodes:

@@ -30,7 +30,7 @@ from rayaccel.placement.pools import gpu_pool
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp
 from rayaccel.ray.kv import fetch_record, fetch_states, parse_state
-from rayaccel.contract import NODE_KEY_PREFIX, valid_key
+from rayaccel.contract import NODE_KEY_LABEL, valid_key
 from rayaccel.ray.record import NodeRecord
 
 log = logging.getLogger(__name__)
@@ -162,8 +162,7 @@ class ClusterView:
             found: list[tuple[str, str, dict]] = []
             unmanaged = []
             for node_id, res in avail.items():
-                total = self._totals.get(node_id, {})
-                key = next((k[len(NODE_KEY_PREFIX):] for k in total if k.startswith(NODE_KEY_PREFIX)), None)
+                key = self._labels.get(node_id, {}).get(NODE_KEY_LABEL)
                 if key is None:
                     unmanaged.append(node_id)
                     continue

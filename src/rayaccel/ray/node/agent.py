@@ -1,8 +1,9 @@
-"""The node agent: one small actor per rayaccel node, pinned to it, dying with it.
+"""The node agent: one small process per rayaccel node, beside its raylet, ending with it.
 
 Started by whoever starts the node (``rayaccel start``, :func:`rayaccel.init`,
-``SimulatedCluster``) as the detached actor ``rayaccel-agent-<node key>`` in
-namespace ``rayaccel`` (``num_cpus=0``, restarted if it crashes). About once a
+``SimulatedCluster``) with :func:`start`, as a node process (:mod:`.agentproc`: restarted
+if it crashes; a Ray driver in an internal namespace, never one of the user's actors).
+Drivers ask it through :func:`handle` (an :class:`AgentHandle`). About once a
 second (:data:`PERIOD_S`) it:
 
 * drops arbiter records of holders whose process is gone;
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -31,17 +34,14 @@ from rayaccel.arbiter.statefile import Arbiter, LockTimeout
 from rayaccel.arbiter.table import decode_table
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp, kv
-from rayaccel.ray.node import health
-from rayaccel.ray.node import metrics
 from rayaccel.ray.node.doctor import node_facts
 from rayaccel.ray.worker.hook import pg_alive
-from rayaccel.contract import NODE_DIR_ENV, RECORD_FILE, TABLE_FILE, drain_name
+from rayaccel.contract import AGENT_PREFIX, AGENT_SCHEMA, NODE_DIR_ENV, RECORD_FILE, TABLE_FILE, drain_name
 from rayaccel.ray.node.processes import PROCESSES, _local, stop_local
 from rayaccel.ray.record import NodeRecord
 
 log = logging.getLogger(__name__)
 NAMESPACE = "rayaccel"
-PREFIX = "rayaccel-agent-"
 PERIOD_S = 1.0
 #: Ray's used GPUs must exceed hooked holders' for this long before slots count as held unhooked, seconds.
 UNHOOKED_AFTER_S = 3.0
@@ -49,13 +49,8 @@ UNHOOKED_AFTER_S = 3.0
 LOCK_TIMEOUT_S = 1.0
 
 
-def agent_name(node_key: str) -> str:
-    """The agent actor's name for ``node_key``."""
-    return f"{PREFIX}{node_key}"
-
-
 class NodeAgent:
-    """The agent's body (the actor wraps it; tests may drive it directly)."""
+    """The agent's body (:mod:`.agentproc` serves it; tests may drive it directly)."""
 
     def __init__(self, node_key: str, node_dir: str | None = None, period_s: float = PERIOD_S):
         self.node_key = node_key
@@ -157,7 +152,7 @@ class NodeAgent:
         if ray is None or not ray.is_initialized():
             return 0.0  # not in Ray (tests driving the body): unknown -- and never start a Ray instance here
         try:
-            nid = ray.get_runtime_context().get_node_id()
+            nid = self.node_id or ray.get_runtime_context().get_node_id()
             avail = rp.available_resources_per_node().get(nid, {})
             if self._total_gpus is None:  # a node's total does not change: read it once
                 self._total_gpus = float(rp.total_resources_per_node().get(nid, {}).get("GPU", 0.0))
@@ -287,17 +282,19 @@ class NodeAgent:
         self._demand = seen
 
     def stop_node(self, force: bool = False) -> bool:
-        """Stop this node's processes recorded by ``rayaccel start`` (this agent dies with them)."""
+        """Stop this node's processes recorded by ``rayaccel start`` (this agent, recorded too, ends with them)."""
 
         d = Path(self.dir)
         if not (d / PROCESSES).is_file():
             return False
         node = _local(d)
-        threading.Thread(target=stop_local, args=(node,), kwargs={"force": force}, daemon=True).start()
+        # a moment later: the asker gets its answer before this process is stopped with the node
+        t = threading.Timer(0.5, stop_local, args=(node,), kwargs={"force": force})
+        t.daemon = True
+        t.start()
         return True
 
 
-_ACTOR_CLS: Any = None
 _PLACEHOLDER_CLS: Any = None
 
 
@@ -316,55 +313,173 @@ def placeholder_cls() -> Any:
     return _PLACEHOLDER_CLS
 
 
-def actor_cls() -> Any:
-    global _ACTOR_CLS
-    if _ACTOR_CLS is None:
+class AgentUnavailable(ClusterError):
+    """The node's agent is not running, or did not answer in time."""
+
+
+class AgentHandle:
+    """A driver's way to ask one node's agent (see :mod:`.agentproc`): ``ask(method, *args)``.
+
+    Attributes:
+        node_key: the node. pid: the agent's process id (on the node's machine).
+    """
+
+    def __init__(self, node_key: str, info: dict):
+        self.node_key = node_key
+        self.pid = int(info["pid"])
+        self._address = (str(info["host"]), int(info["port"]))
+        self._key = bytes.fromhex(info["key"])
+
+    def ask(self, method: str, *args: Any, timeout_s: float = 60.0, **kwargs: Any) -> Any:
+        """Call ``method`` of the node's agent (:class:`NodeAgent`) and return its answer.
+
+        Raises:
+            AgentUnavailable: the agent is not reachable, or did not answer within ``timeout_s``.
+            ClusterError: the agent refused (its message).
+        """
+        import socket
+        from multiprocessing.connection import Client
+
+        old = socket.getdefaulttimeout()
+        try:
+            socket.setdefaulttimeout(min(timeout_s, 10.0))  # connecting and authenticating
+            conn = Client(self._address, authkey=self._key)
+        except (OSError, EOFError) as e:
+            raise AgentUnavailable(f"node {self.node_key}: its agent does not answer at "
+                                   f"{self._address[0]}:{self._address[1]} ({e})") from None
+        finally:
+            socket.setdefaulttimeout(old)
+        try:
+            conn.send((method, args, kwargs))
+            if not conn.poll(timeout_s):
+                raise AgentUnavailable(f"node {self.node_key}: its agent did not answer {method!r} within "
+                                       f"{timeout_s:.0f} s")
+            answer = conn.recv()
+        except (OSError, EOFError) as e:
+            raise AgentUnavailable(f"node {self.node_key}: its agent went away during {method!r} ({e})") from None
+        finally:
+            conn.close()
+        if answer[0] == "ok":
+            return answer[1]
+        raise ClusterError(f"node {self.node_key}: {answer[2]}" if answer[1] == "ClusterError"
+                           else f"node {self.node_key}: the agent's {method!r} failed: {answer[1]}: {answer[2]}")
+
+    def ping(self, timeout_s: float = 10.0) -> str:
+        """The node key the agent answers with."""
+        return self.ask("ping", timeout_s=timeout_s)
+
+
+def handle(node_key: str) -> AgentHandle | None:
+    """The agent of ``node_key`` as it published itself, or None when it has not (or its entry is unreadable)."""
+    raw = rp.kv_get(AGENT_PREFIX + node_key, NAMESPACE)
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw)
+        if info.get("schema") != AGENT_SCHEMA:
+            log.warning("rayaccel: node %s: agent entry of format %r (this rayaccel reads %s)", node_key,
+                        info.get("schema"), AGENT_SCHEMA)
+            return None
+        return AgentHandle(node_key, info)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def ask_all(handles: dict[str, AgentHandle], method: str, *args: Any, timeout_s: float = 15.0) -> dict[str, Any]:
+    """Ask several agents at once; node key -> the answer, or the exception it raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not handles:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(handles))) as pool:
+        futs = {k: pool.submit(h.ask, method, *args, timeout_s=timeout_s) for k, h in handles.items()}
+        out: dict[str, Any] = {}
+        for k, f in futs.items():
+            try:
+                out[k] = f.result()
+            except Exception as e:  # noqa: BLE001 - returned to the caller, per node
+                out[k] = e
+        return out
+
+
+def start(node_key: str, node_id: str, node_dir: Any = None, *, address: str | None = None,
+          raylet_pid: int | None = None, timeout_s: float = 60.0, wait: bool = True) -> subprocess.Popen:
+    """Start the agent process of ``node_key`` (Ray node ``node_id``) beside its raylet; wait until it answers.
+
+    ``address``: the GCS (default: the connected driver's). The process runs in its own session:
+    stop it with :func:`stop` (or it exits when its raylet is gone). ``wait=False``: return at once
+    (then :func:`wait_started`).
+
+    Raises:
+        AgentUnavailable: it did not answer within ``timeout_s`` (it is stopped again).
+    """
+    if address is None:
         import ray
 
-        @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=8)
-        class Agent:
-            def __init__(self, node_key: str):
-                import ray
-
-                self.body = NodeAgent(node_key)
-                self.body.node_id = ray.get_runtime_context().get_node_id()
-                total = rp.total_resources_per_node().get(self.body.node_id, {})
-                self.body._is_head = "node:__internal_head__" in total
-
-                health.attach(self.body)
-                metrics.attach(self.body)
-                self.body.start()
-
-            def snapshot(self, fresh: bool = True) -> dict:
-                return self.body.snapshot(fresh)
-
-            def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-                return getattr(self.body, method)(*args, **kwargs)
-
-            def ping(self) -> str:
-                return self.body.node_key
-
-        _ACTOR_CLS = Agent
-    return _ACTOR_CLS
-
-
-def start(node_key: str, node_id: str, node_dir: Any = None, timeout_s: float = 60.0) -> Any:
-    """Start (or find) the agent of ``node_key`` on Ray node ``node_id``; wait until it answers."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    h = actor_cls().options(name=agent_name(node_key), namespace=NAMESPACE, lifetime="detached",
-                            get_if_exists=True,
-                            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(node_key)
-    ray.get(h.ping.remote(), timeout=timeout_s)
-    return h
+        address = ray.get_runtime_context().gcs_address
+    d = str(node_dir or os.environ.get(NODE_DIR_ENV) or "")
+    if not d:
+        raise ClusterError(f"node {node_key}: no node directory for its agent (RAYACCEL_NODE_DIR is not set)")
+    old = rp.kv_get(AGENT_PREFIX + node_key, NAMESPACE) if rp.kv() is not None else None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYACCEL_NODE", "RAY_preload", "RAY_ADDRESS"))}
+    cmd = [sys.executable, "-m", "rayaccel.ray.node.agentproc", "--address", address, "--node-key", node_key,
+           "--node-id", node_id, "--dir", d, *(["--raylet-pid", str(raylet_pid)] if raylet_pid else [])]
+    log_dir = rp.logs_dir() if rp.kv() is not None else None
+    log_path = os.path.join(log_dir or d, f"rayaccel-agent-{node_key}.log")
+    with open(log_path, "ab") as out:  # never the starter's pipes: `rayaccel start` waits for those to close
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT)
+    if not wait or rp.kv() is None:
+        return proc  # the caller waits by its own means (wait_started)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        raw = rp.kv_get(AGENT_PREFIX + node_key, NAMESPACE)
+        if raw and raw != old:
+            h = handle(node_key)
+            try:
+                if h is not None and h.ping(timeout_s=5.0) == node_key:
+                    return proc
+            except ClusterError:
+                pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    stop(proc)
+    raise AgentUnavailable(f"node {node_key}: its agent did not start within {timeout_s:.0f} s"
+                           + (f" (exit {proc.returncode})" if proc.returncode is not None else ""))
 
 
-def handle(node_key: str) -> Any:
-    """The agent of ``node_key``, or None when it is not running."""
-    import ray
+def wait_started(node_keys: list[str], procs: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
+    """Wait until each agent of ``node_keys`` answers (started by :func:`start` elsewhere: ``rayaccel start``)."""
+    deadline = time.monotonic() + timeout_s
+    for key, proc in zip(node_keys, procs):
+        while True:
+            h = handle(key)
+            try:
+                if h is not None and h.ping(timeout_s=5.0) == key:
+                    break
+            except ClusterError:
+                pass
+            if proc.poll() is not None:
+                raise AgentUnavailable(f"node {key}: its agent exited ({proc.returncode}) before answering")
+            if time.monotonic() > deadline:
+                raise AgentUnavailable(f"node {key}: its agent did not start within {timeout_s:.0f} s")
+            time.sleep(0.1)
 
+
+def stop(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """Stop an agent process started by :func:`start` (its supervisor and the agent; idempotent)."""
+    if proc is None or proc.poll() is not None:
+        return
     try:
-        return ray.get_actor(agent_name(node_key), namespace=NAMESPACE)
-    except ValueError:
-        return None
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(5.0)

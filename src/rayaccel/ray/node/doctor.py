@@ -22,12 +22,13 @@ from rayaccel.doctor._fabric import domain_summary
 from rayaccel.ray import _ray_private as rp
 def node_facts(agent: Any) -> dict:
     """What a node agent reports for the doctor (runs on the node; a JSON-ready dict)."""
-    import ray  # the agent runs inside Ray; importing it here keeps `import rayaccel.ray.node.doctor` cheap
+    import ray  # the agent is connected to Ray; importing it here keeps `import rayaccel.ray.node.doctor` cheap
 
     topology = agent.record.topology
+    hook, patched = _worker_hook(agent.node_id)
     facts: dict[str, Any] = {"node_key": agent.node_key, "ray": ray.__version__, "rayaccel": _rayaccel_version,
-                             "python": platform.python_version(), "hook": "rayaccel.ray.worker.hook" in sys.modules,
-                             "patched": rp._PATCHED, "simulated": agent.record.simulated,
+                             "python": platform.python_version(), "hook": hook,
+                             "patched": patched, "simulated": agent.record.simulated,
                              "unhooked_slots": agent.last.unhooked_slots if agent.last is not None else 0.0,
                              "health_error": agent.health_error,
                              "resets": agent.last.resets if agent.last is not None else 0,
@@ -42,3 +43,21 @@ def node_facts(agent: Any) -> dict:
         facts["checks"] = [{"name": "hardware checks", "status": "fail", "detail": f"could not run: {e}",
                             "fix": "see the node agent's log"}]
     return facts
+
+
+def _hook_facts() -> tuple[bool, bool]:
+    """In a worker of the node: is the hook loaded, is Ray's GPU-id function patched?"""
+    return "rayaccel.ray.worker.hook" in sys.modules, bool(rp._PATCHED)
+
+
+def _worker_hook(node_id: str | None, timeout_s: float = 30.0) -> tuple[bool, bool]:
+    """Ask one fresh task on the node (the agent itself is no worker of it): (hook loaded, Ray patched)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if node_id is None:
+        return "rayaccel.ray.worker.hook" in sys.modules, bool(rp._PATCHED)
+    probe = ray.remote(num_cpus=0, max_retries=0)(_hook_facts)
+    ref = probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    hook, patched = ray.get(ref, timeout=timeout_s)
+    return bool(hook), bool(patched)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from rayaccel._proc import start_time as _start_time
@@ -70,7 +71,7 @@ def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[
 
     args = list(ray_args)
     gpus = _flag_value(args, "--num-gpus")
-    num_gpus, res = node_resources(topology, node_key)
+    num_gpus, res = node_resources(topology)
     # KubeRay passes the pod's GPU count: accept it (every device, or the devices not in MIG mode)
     if gpus is not None and gpus not in (str(num_gpus), str(len(topology.devices))):
         raise ClusterError(f"--num-gpus={gpus}: this node has {len(topology.devices)} device(s), {num_gpus} of them "
@@ -209,7 +210,8 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
     pids = _new_processes(before, record.node_key)
     _save_processes(directory, record.node_key, address, head, pids)
     if publish:
-        err = _publish(record, address, env)
+        raylet = next((p for p, _, name in pids if name == "raylet"), None)
+        err = _publish(record, address, env, directory, raylet)
         if err:
             stop_local(_local(directory))
             raise ClusterError(f"the node started but could not be published at {address}, so it was stopped "
@@ -276,27 +278,40 @@ def _short(cmd: str) -> str:
     return os.path.basename(first)[:40]
 
 
-def _publish(record, address: str, env: dict) -> str | None:
-    """Publish the record and start the agent from a short-lived driver; return an error or None."""
+def _publish(record, address: str, env: dict, directory: Path, raylet_pid: int | None = None) -> str | None:
+    """Publish the record and start the agent process from a short-lived driver; return an error or None.
+
+    The agent's pid joins the node's recorded processes (``rayaccel stop`` stops it with the node)."""
     code = ("import sys, ray\n"
             "from rayaccel.ray import kv\nfrom rayaccel.ray.node import agent\n"
-            "from rayaccel.contract import node_resource\nfrom rayaccel.ray.record import NodeRecord\n"
+            "from rayaccel.contract import NODE_KEY_LABEL\nfrom rayaccel.ray.record import NodeRecord\n"
             "rec = NodeRecord.from_json(sys.stdin.read())\n"
             "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
-            "marker = node_resource(rec.node_key)\n"
-            "ids = [n['NodeID'] for n in ray.nodes() if n.get('Alive') and marker in n.get('Resources', {})]\n"
+            "ids = [n['NodeID'] for n in ray.nodes()\n"
+            "       if n.get('Alive') and (n.get('Labels') or {}).get(NODE_KEY_LABEL) == rec.node_key]\n"
             "assert ids, 'the node did not join the cluster'\n"
             "kv.publish(rec)\n"
-            "agent.start(rec.node_key, ids[0])\n"
+            "raylet = int(sys.argv[2]) if len(sys.argv) > 2 else None\n"
+            "p = agent.start(rec.node_key, ids[0], sys.argv[3], address=ray.get_runtime_context().gcs_address,\n"
+            "                raylet_pid=raylet)\n"
+            "print('rayaccel-agent-pid', p.pid)\n"
             "ray.shutdown()\n")
     drv_env = {k: v for k, v in env.items() if not k.startswith(("RAYACCEL_NODE", "RAY_preload"))}
     try:
-        pub = subprocess.run([sys.executable, "-c", code, address], input=record.to_json(), env=drv_env,
-                             capture_output=True, text=True, timeout=120)
+        pub = subprocess.run([sys.executable, "-c", code, address, str(raylet_pid or 0), str(directory)],
+                             input=record.to_json(), env=drv_env, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         return "publishing did not finish within 120 s"
     if pub.returncode != 0:
         return _last_error(pub.stderr)
+    m = re.search(r"rayaccel-agent-pid (\d+)", pub.stdout)
+    if m:
+        pid = int(m.group(1))
+        node = _local(directory)
+        t = _start_time(pid)
+        if t is not None:
+            _save_processes(directory, node.node_key, node.address, node.head,
+                            [*node.pids, (pid, t, "rayaccel-agent")])
     return None
 
 

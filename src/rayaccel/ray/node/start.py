@@ -6,8 +6,8 @@ Used by every way a node starts: ``rayaccel start`` (:mod:`.lifecycle`), the emb
 A rayaccel node is an ordinary Ray node whose raylet is started with:
 
 * ``num_gpus`` = its GPU pool (Ray's own ``GPU`` ledger; any Ray GPU work can use it),
-  ``mig_<profile>`` unit-instance resources for MIG instances, the node marker
-  ``rayaccel_node_<key>`` and ``rayaccel.io/...`` labels (:mod:`.names`);
+  ``mig_<profile>`` unit-instance resources for MIG instances -- no resource Ray itself would not
+  advertise -- and ``rayaccel.io/...`` labels (:mod:`rayaccel.contract`);
 * an environment that makes every worker it spawns import the worker hook
   (:mod:`.hook`) and find the node's directory (:func:`node_env`).
 
@@ -120,7 +120,7 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     nic_vars = nic_env_names(nic_env)
     if nic_vars:
         env[NIC_ENV_ENV] = ",".join(nic_vars)
-    num_gpus, res = node_resources(topology, node_key)
+    num_gpus, res = node_resources(topology)
     spec = node_spec(topology)
     unit = [spec.resource] if spec is not None and spec.resource != "GPU" else []
     migs = [r for r in res if r.startswith("mig_")]
