@@ -52,7 +52,7 @@ def _doctor(address: str = typer.Option("auto", "--address", help="Ray address t
     """Check that the cluster is sound: versions, hooks, drivers, CUDA, NCCL, MIG, fabric, P2P, GPUDirect, queues."""
     from ..ray.driver import doctor
     from ..ray.driver import init as node
-    from ..ray.driver import ops
+
     resolved = connect_cluster(address, as_json)
     try:
         rows = doctor.run()
