@@ -14,7 +14,12 @@ hook), one producer actor and consumers receive tensors through
 * GPU 0 -> GPU 1 (with two GPUs): CUDA IPC with one peer copy, or staged through host
   memory when the handle cannot be opened (the line says which and why);
 * GPU NIXL: the consumer forced onto NIXL (``RAYACCEL_RDT_PATH=nixl``) on this node,
-  the path a consumer on another node takes (GPUDirect RDMA where the NIC allows).
+  the path a consumer on another node takes (GPUDirect RDMA where the NIC allows);
+* weight sync: a trainer's model (the size, in 32 tensors) to two rollouts at once,
+  the trainer's weights changed in place between rounds (after ``wait_tensor_freed``),
+  each round checked on both rollouts -- on CPU (shared memory, against a host copy of
+  the same bytes) and on GPU 0 shared by all three (CUDA IPC, no copy, against a
+  ``clone`` of the same bytes). NCCL broadcast needs one GPU per rank: not run here.
 
 Each row gives the median time, GB/s and the path the consumer reports, beside Ray's
 ``cuda_ipc`` / ``nixl`` / object store for the same tensor and the physical limit:
@@ -109,6 +114,23 @@ def _checks(ray, torch, gpus: int, sizes, repeats: int) -> tuple[int, int]:
         def store(self):
             return self.t
 
+        def make_model(self, nbytes: int, device: str) -> None:
+            part = max(1, nbytes // 16 - 4096)
+            self.model = [torch.randint(0, 255, (n,), dtype=torch.uint8, device=device)
+                          for _ in range(16) for n in (part, 4096)]
+
+        def step(self) -> int:
+            from ray.experimental import wait_tensor_freed
+
+            for t in self.model:
+                wait_tensor_freed(t, timeout=120)
+                t.add_(1)
+            return sum(int(torch.sum(t, dtype=torch.int64)) for t in self.model)
+
+        @ray.method(tensor_transport="rayaccel")
+        def weights(self):
+            return self.model
+
     @ray.remote(enable_tensor_transport=True)
     class Consumer:
         def __init__(self):
@@ -123,6 +145,25 @@ def _checks(ray, torch, gpus: int, sizes, repeats: int) -> tuple[int, int]:
             moved = [k for k, v in now.items() if v > self.seen.get(k, 0)]
             self.seen = now
             return s, str(t.device), moved[0] if moved else "not the rayaccel transport"
+
+        def load(self, ts) -> tuple:
+            from rayaccel.ray import rdt
+
+            self.kept = ts  # a rollout keeps its weights until the next sync
+            if ts[0].is_cuda:
+                torch.cuda.synchronize()
+            else:  # one byte of every page: a mapped tensor is really mapped in
+                sum(int(t[::4096].sum()) for t in ts)
+            now = {k: v["objects"] for k, v in rdt.stats().items()}
+            moved = [k for k, v in now.items() if v > self.seen.get(k, 0)]
+            self.seen = now
+            return str(ts[0].device), moved[0] if moved else "not the rayaccel transport"
+
+        def kept_sum(self) -> int:
+            s = sum(int(torch.sum(t, dtype=torch.int64)) for t in self.kept)
+            if self.kept[0].is_cuda:
+                torch.cuda.synchronize()
+            return s
 
     counts = [0, 0]
 
@@ -150,6 +191,34 @@ def _checks(ray, torch, gpus: int, sizes, repeats: int) -> tuple[int, int]:
                 torch.cuda.synchronize()
         return _median_s(f, repeats)
 
+    def sync(label, device, opts, nbytes, limit):
+        """One trainer to two rollouts, the trainer's weights changed before each round; every round checked."""
+        tr = Producer.options(**opts).remote()
+        rs = [Consumer.options(**opts).remote() for _ in range(2)]
+        ray.get(tr.make_model.remote(nbytes, device))
+        times, where = [], ""
+        try:
+            for r in range(repeats + 1):
+                want = ray.get(tr.step.remote())
+                t0 = time.perf_counter()
+                ref = tr.weights.remote()
+                got = ray.get([c.load.remote(ref) for c in rs])
+                dt = time.perf_counter() - t0
+                del ref
+                sums = ray.get([c.kept_sum.remote() for c in rs])
+                counts[0 if sums == [want, want] else 1] += 1
+                where = f"on {got[0][0]}, path {got[0][1]}" + ("" if sums == [want, want] else "  !! WRONG BYTES")
+                if r:
+                    times.append(dt)
+        except Exception as e:  # noqa: BLE001
+            print(_row(label, nbytes, None, f"!! {type(e).__name__}: {str(e).splitlines()[-1][:150]}"))
+            return
+        finally:
+            for a in (tr, *rs):
+                ray.kill(a)
+        s = statistics.median(times)
+        print(_row(label, nbytes, s, f"{where}  ({s / limit:.2f}x the copy)"))
+
     for mib in sizes:
         n = mib * MiB
         print(f"-- {mib} MiB")
@@ -163,6 +232,7 @@ def _checks(ray, torch, gpus: int, sizes, repeats: int) -> tuple[int, int]:
         check("object store, CPU tensor, same node", p, c, "store", n, want, lim)
         check("nixl, CPU tensor, same node", p, c, "nixl", n, want, lim)
         ray.kill(p), ray.kill(c)
+        sync("rayaccel, weight sync to 2 rollouts, CPU", "cpu", {"num_cpus": 0}, n, lim)
         if not gpus:
             print("  skip: no GPU (torch.cuda.is_available() is False): CUDA IPC and GPU NIXL rows need one")
             continue
@@ -175,6 +245,7 @@ def _checks(ray, torch, gpus: int, sizes, repeats: int) -> tuple[int, int]:
         check("rayaccel, same GPU (CUDA IPC)", p, c, "rayaccel", n, want, lim)
         check("ray cuda_ipc, same GPU", p, c, "cuda_ipc", n, want, lim)
         check("object store, same GPU", p, c, "store", n, want, lim)
+        sync("rayaccel, weight sync to 2 rollouts, GPU 0", "cuda", {"num_cpus": 0, "num_gpus": 0.3}, n, lim)
         # the cross-node path on this node: NIXL with GPU memory
         cn = Consumer.options(num_gpus=0.5, num_cpus=0,
                               runtime_env={"env_vars": {"RAYACCEL_RDT_PATH": "nixl"}}).remote()
