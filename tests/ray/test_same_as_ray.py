@@ -5,10 +5,14 @@ Ray itself computes on that hardware (``num_gpus``, ``accelerator_type:<T>``, ``
 :func:`rayaccel.discovery.ray_node_resources`), and rayaccel nodes (``SimulatedCluster``). Ray's
 resources (total and available), the actors and jobs its state API lists, and every node label but
 ``rayaccel.io/*`` are equal. The topologies have no MIG instances (``mig_<profile>`` is the one
-documented resource difference).
+documented resource difference). The rayaccel side also checks that a node's agent (a process
+beside its raylet, not an actor) exits when its raylet dies, and that shutdown stops the rest.
 """
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 from raytest_helpers import wait_for
@@ -69,6 +73,7 @@ def _plain() -> dict:
 
 def _rayaccel() -> dict:
     from rayaccel.contract import LABEL_PREFIX
+    from rayaccel.ray import _ray_private as rp
     from rayaccel.ray.driver.cluster import SimulatedCluster
 
     with SimulatedCluster(list(TOPOLOGIES), num_cpus=4, dashboard=True, logging_level="ERROR",
@@ -77,6 +82,12 @@ def _rayaccel() -> dict:
 
         assert all(agent.handle(n.node_key).ping() == n.node_key for n in c.nodes)  # the agents run
         seen = _seen()
+        procs = [n.agent for n in c.nodes]
+        # an agent never outlives its raylet (a node that dies without anyone stopping its agent)
+        os.kill(rp.raylet_pid(c.nodes[1].handle), signal.SIGKILL)
+        wait_for(lambda: procs[1].poll() is not None, 30, "the dead node's agent to exit")
+        assert procs[0].poll() is None and agent.handle(c.nodes[0].node_key).ping() == c.nodes[0].node_key
+    assert all(p.poll() is not None for p in procs)  # and the cluster's shutdown stopped the others
     ours = [tuple((k, v) for k, v in node if not k.startswith(LABEL_PREFIX)) for node in seen["labels"]]
     assert all(any(k.startswith(LABEL_PREFIX) for k, _ in node) for node in seen["labels"])
     return {**seen, "labels": sorted(ours)}

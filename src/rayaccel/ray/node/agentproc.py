@@ -150,7 +150,7 @@ def serve(a: argparse.Namespace) -> int:
     from rayaccel.ray.node import health, metrics
     from rayaccel.ray.node.agent import NodeAgent
 
-    from rayaccel._proc import start_time
+    from rayaccel._proc import start_time, state as proc_state
 
     born = start_time(a.raylet_pid) if a.raylet_pid else None
     raylet = (a.raylet_pid, born) if born is not None else None  # else: asks Ray's node table
@@ -168,8 +168,8 @@ def serve(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     misses = 0
     while not stop.wait(ALIVE_EVERY_S):
-        if raylet is not None:
-            alive = start_time(raylet[0]) == raylet[1]
+        if raylet is not None:  # a zombie (its parent has not reaped it yet: SimulatedCluster) is gone too
+            alive = start_time(raylet[0]) == raylet[1] and proc_state(raylet[0]) not in ("Z", "X", None)
         else:
             try:
                 alive = any(n["NodeID"] == a.node_id and n["Alive"] for n in ray.nodes())
@@ -180,13 +180,12 @@ def serve(a: argparse.Namespace) -> int:
             log.warning("rayaccel agent %s: node %s is gone; exiting", a.node_key, a.node_id[:12])
             break
     body.stop()
-    if misses < 2:  # stopped by a signal: leave no stale address behind (a gone node's is deleted with it)
-        try:
-            raw = rp.kv_get(AGENT_PREFIX + a.node_key, NAMESPACE)
-            if raw and json.loads(raw).get("pid") == os.getpid():
-                rp.kv_del(AGENT_PREFIX + a.node_key, NAMESPACE)
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
+    try:  # leave no stale address behind (unless a newer agent of the node has published its own)
+        raw = rp.kv_get(AGENT_PREFIX + a.node_key, NAMESPACE)
+        if raw and json.loads(raw).get("pid") == os.getpid():
+            rp.kv_del(AGENT_PREFIX + a.node_key, NAMESPACE)
+    except Exception:  # noqa: BLE001 - best effort at exit (the GCS may be gone with the node)
+        pass
     return NODE_GONE
 
 
