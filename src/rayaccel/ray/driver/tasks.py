@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from rayaccel.errors import RequestError
@@ -32,9 +32,9 @@ from rayaccel.placement import Request
 from rayaccel.ray.driver import claim as claims
 from rayaccel.ray.worker.devices import Assignment
 
-#: rayaccel's own options; everything else goes to Ray (``num_gpus`` is a synonym of ``gpus``).
-REQUEST_FIELDS = ("gpus", "mig", "gpu_memory", "interconnect", "same_numa", "vendor", "model", "nic", "exclusive",
-                  "required", "near")
+#: rayaccel's own options: the fields of :class:`~rayaccel.placement.Request` a user may set (``near_node`` is
+#: derived from ``near``); everything else goes to Ray (``num_gpus`` is a synonym of ``gpus``).
+REQUEST_FIELDS = tuple(f.name for f in fields(Request) if f.name != "near_node")
 _FORBIDDEN = {
     "scheduling_strategy": "rayaccel chooses the node (it soft-pins to the best one)",
     "placement_group": "use rayaccel.gang() for co-scheduled groups (or plain Ray: placement groups are gangs "
