@@ -576,3 +576,44 @@ def test_a_registration_is_held_while_the_storage_lives_and_given_back_when_it_i
     gc.collect()
     assert regs.sweep(mgr) == 1 and mgr.count == {} and mgr.deregistered == 1 and len(regs) == 0
     assert ptr not in mgr.count
+
+
+def test_a_background_refill_is_waited_for_and_a_failed_one_is_one_clear_error(monkeypatch):
+    """The copy overlaps with Ray handing the metadata out: a consumer waits for the producer's lock."""
+    import threading
+
+    from rayaccel.ray.rdt.pool import Pool
+
+    pool, ws = Pool(), [torch.arange(1 << 20, dtype=torch.int32) for _ in range(3)]
+    try:
+        p1, _ = pool.write(ws)
+        pool.release(p1)
+        for w in ws:
+            w.add_(7)
+        go = threading.Event()
+        real = shm.fill
+
+        def slow_fill(*a):
+            go.wait(10)
+            return real(*a)
+
+        monkeypatch.setattr(shm, "fill", slow_fill)
+        p2, made = pool.write(ws, background=True)
+        assert p2.name == p1.name and made == [None] * 3
+        threading.Timer(0.3, go.set).start()
+        got = shm.read(p2, _shapes(ws), "object y")  # waits for the fill, then maps it
+        assert all(torch.equal(a, b) for a, b in zip(got, ws))
+        del got
+        pool.release(p2)
+
+        def broken(*a):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(shm, "fill", broken)
+        p3, _ = pool.write(ws, background=True)
+        with pytest.raises(TransportError, match="could not fill"):
+            shm.read(p3, _shapes(ws), "object z")
+        pool.release(p3)
+    finally:
+        monkeypatch.undo()
+        pool.close()

@@ -20,20 +20,29 @@ error, not another object's bytes.
 Bounded: at most :data:`KEEP_PER_SIZE` free segments of one size, and a free segment
 unused for :data:`IDLE_S` seconds is removed (a timer, so an idle producer gives its
 memory back). Thread-safe.
+
+A refill can run in the background (``write(..., background=True)``): the producer hands
+out the segment's metadata at once, still holding the exclusive lock, and one thread
+copies; consumers wait for the lock (:func:`.shm.read`), so the copy overlaps with Ray
+sending the metadata to them instead of preceding it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..._proc import start_time
 from . import shm
+
+log = logging.getLogger("rayaccel.ray.rdt")
 
 #: Free segments kept per size (two: the one consumers still map, and the one refilled next).
 KEEP_PER_SIZE = 2
@@ -48,6 +57,7 @@ class _Segment:
     nbytes: int
     mm: Any = None  # the producer's shared mapping, made at the first refill
     freed_at: float = 0.0
+    filling: Optional[Future] = None  # a background fill in progress
 
 
 @dataclass
@@ -74,9 +84,14 @@ class Pool:
         self._gen = itertools.count(1)
         self._timer: Optional[threading.Timer] = None
         self._stats = PoolStats()
+        self._filler: Optional[ThreadPoolExecutor] = None
 
-    def write(self, tensors: Sequence[Any]) -> tuple[shm.Packed, list[Any]]:
+    def write(self, tensors: Sequence[Any], background: bool = False) -> tuple[shm.Packed, list[Any]]:
         """Copy ``tensors`` into a free segment of their size that no consumer maps, else a new one.
+
+        Args:
+            tensors: what to copy. background: refill in a thread when the tensors are contiguous CPU
+                ones (consumers wait for it); a new segment is always written before this returns.
 
         Returns and raises as :func:`.shm.write` (a new segment that cannot be made: ``OSError``).
         """
@@ -95,15 +110,23 @@ class Pool:
                 self._live[packed.name] = _Segment(packed.name, fd, total)
                 self._stats.made += 1
             return packed, made
-        try:  # ours exclusively (try_lock in _take): no consumer maps it until the metadata goes out
+        later = background and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+        try:  # ours exclusively (try_lock in _take): consumers wait for the lock
             if seg.mm is None:
                 seg.mm = mmap.mmap(seg.fd, seg.nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 shm.populate(seg.mm, shm.MADV_POPULATE_WRITE)
-            made = shm.fill(seg.mm, tensors, offsets, gen)
+            if later:
+                if self._filler is None:
+                    self._filler = ThreadPoolExecutor(1, thread_name_prefix="rayaccel-rdt-fill")
+                seg.filling = self._filler.submit(self._fill, seg, list(tensors), offsets, gen)
+                made = [None] * len(tensors)
+            else:
+                made = shm.fill(seg.mm, tensors, offsets, gen)
         except BaseException:
+            shm.unlock(seg.fd)
             self._remove(seg)
             raise
-        finally:
+        if not later:
             shm.unlock(seg.fd)
         with self._lock:
             self._live[seg.name] = seg
@@ -153,6 +176,9 @@ class Pool:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+        if self._filler is not None:
+            self._filler.shutdown(wait=True)
+            self._filler = None
         for s in segs:
             self._remove(s)
 
@@ -163,6 +189,17 @@ class Pool:
         return st
 
     # ------------------------------------------------------------------ inside
+    @staticmethod
+    def _fill(seg: _Segment, tensors: list, offsets: Sequence[int], gen: int) -> None:
+        """(The fill thread.) Copy, then let consumers in; a failure is marked in the header for them."""
+        try:
+            shm.fill(seg.mm, tensors, offsets, gen)
+        except BaseException as e:  # noqa: BLE001 - the consumers get the failure from the header
+            log.warning("rayaccel transport: filling segment %s failed: %s: %s", seg.name, type(e).__name__, e)
+            seg.mm[:shm.HEADER_BYTES] = shm.header(shm.FAILED)
+        finally:
+            shm.unlock(seg.fd)
+
     def _take(self, nbytes: int) -> Optional[_Segment]:
         """A free segment of ``nbytes`` that nobody maps, locked exclusively; None when there is none."""
         with self._lock:
@@ -175,6 +212,8 @@ class Pool:
         return None
 
     def _remove(self, seg: _Segment) -> None:
+        if seg.filling is not None:
+            seg.filling.result()  # a fill in progress finishes first (it holds no other lock)
         if seg.mm is not None:
             try:
                 seg.mm.close()

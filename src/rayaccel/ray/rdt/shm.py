@@ -49,6 +49,10 @@ HEADER_BYTES = ALIGN
 #: ``madvise`` advice that fills a mapping's page tables without writing (Linux 5.14+).
 MADV_POPULATE_READ = 22
 MADV_POPULATE_WRITE = 23
+#: The generation a producer writes when it could not fill a segment.
+FAILED = (1 << 64) - 1
+#: How long a consumer waits for a segment still being filled, seconds (the copy of its bytes).
+FILL_WAIT_S = 120.0
 _SWEEP_EVERY_S = 60.0
 _last_sweep = 0.0
 
@@ -223,14 +227,17 @@ def _view(mm: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...])
     return torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)
 
 
-def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str) -> list[Any]:
+def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str, wait_s: float = FILL_WAIT_S) -> list[Any]:
     """Map a segment copy-on-write and return its tensors (no copy).
 
     The tensors hold a shared lock on the segment while they live (the producer does not refill
-    it until they are freed), and their page tables are filled at once.
+    it until they are freed), and their page tables are filled at once. A segment the producer
+    is still filling (it holds the exclusive lock: :meth:`~.pool.Pool.write` in the background)
+    is waited for, up to ``wait_s``.
 
     Args:
         packed: from the producer. meta: ``(shape, dtype)`` of each tensor. what: names the object in errors.
+        wait_s: how long to wait for the producer's fill, seconds.
 
     Raises:
         TransportError: the segment is gone (the producer died or freed the object), is not this
@@ -252,11 +259,7 @@ def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str) -> list[Any
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size < packed.nbytes:
             raise TransportError(f"{what}: {path} is not the producer's segment (owner uid {st.st_uid}, "
                                  f"{st.st_size} of {packed.nbytes} bytes)", what)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # held by the mapping's own descriptor from here
-        except BlockingIOError:
-            raise TransportError(f"{what}: its shared-memory segment {path} is being refilled for a later object "
-                                 "(this one was freed)", what) from None
+        _lock_shared(fd, wait_s, path, what)  # held by the mapping's own descriptor from here
         # private: a consumer's writes stay its own (copy-on-write), the producer's pages are shared
         mm = mmap.mmap(fd, packed.nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
@@ -266,12 +269,34 @@ def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str) -> list[Any
         raise TransportError(f"{what}: {path} holds format {head[:len(MAGIC)]!r}, not {MAGIC!r} (a producer of "
                              "another rayaccel release?)", what)
     gen = int.from_bytes(head[len(MAGIC):len(MAGIC) + 8], "little")
+    if gen == FAILED:
+        raise TransportError(f"{what}: its producer could not fill its shared-memory segment {path} (its log "
+                             "says why)", what)
+    if packed.generation and gen != packed.generation and not alive(packed):
+        raise TransportError(f"{what}: its producer (pid {packed.owner[0]}) died while filling its shared-memory "
+                             f"segment {path}", what)
     if packed.generation and gen != packed.generation:
         raise TransportError(f"{what}: its shared-memory segment {path} was refilled for a later object "
                              f"(generation {gen}, not {packed.generation}): this one was freed", what)
     populate(mm, MADV_POPULATE_READ)
     return [_view(mm, off, n, dtype, tuple(shape))
             for (shape, dtype), off, n in zip(meta, packed.offsets, packed.sizes)]
+
+
+def _lock_shared(fd: int, wait_s: float, path: Any, what: str) -> None:
+    """A shared lock on a segment, once the producer's fill (its exclusive lock) is done."""
+    deadline = time.monotonic() + wait_s
+    pause = 50e-6
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TransportError(f"{what}: its shared-memory segment {path} was still being filled after "
+                                     f"{wait_s:.0f} s", what) from None
+            time.sleep(pause)  # a fill is a copy: milliseconds; back off to 2 ms
+            pause = min(pause * 2, 2e-3)
 
 
 def unlink(packed: Packed) -> None:

@@ -279,7 +279,8 @@ class RayaccelTransport(TensorTransportManager):
         """The object's CPU segment (filled now if it is not yet), or why there can be none."""
         if st.packed is None:
             try:
-                st.packed, st.contiguous = self.pool.write(st.tensors)
+                # refilled in the background: the copy overlaps with Ray handing the metadata to consumers
+                st.packed, st.contiguous = self.pool.write(st.tensors, background=True)
             except OSError as e:
                 return _no_segment(st, e)
         return st.packed
@@ -356,7 +357,7 @@ class RayaccelTransport(TensorTransportManager):
                 # the tensors lived in the producer (RDT's semantics), whatever its segment still holds
                 shm.unlink(meta.packed)
                 raise TransportError(f"{what}: its producer {meta.producer.label()} died before it was read", what)
-            out = shm.read(meta.packed, meta.tensor_meta, what)
+            out = shm.read(meta.packed, meta.tensor_meta, what, _left(deadline))
             out = _deliver(out, req.target, None)
         elif req.kind in ("segment", "host"):
             packed = self._answer(req, deadline)
@@ -365,7 +366,7 @@ class RayaccelTransport(TensorTransportManager):
                 req.kind = "store"
                 req.pending = rp.call_on_actor(meta.producer.actor, _serve, req.obj_id, "tensors")
                 return self.wait_fetch_complete(req, -1 if deadline is None else max(0.0, deadline - time.monotonic()))
-            out = _deliver(shm.read(packed, meta.tensor_meta, what), req.target, req.device)
+            out = _deliver(shm.read(packed, meta.tensor_meta, what, _left(deadline)), req.target, req.device)
         elif req.kind == "store":
             telemetry.warn_once(what, req.path.reason)
             out = _deliver(self._answer(req, deadline), req.target, req.device)
@@ -483,6 +484,11 @@ def _deliver(tensors: list, target: Optional[list], device: Any) -> list:
     if device is not None and device.type == "cuda":
         return [to_device(t, device) for t in tensors]
     return tensors
+
+
+def _left(deadline: float | None) -> float:
+    """Seconds to the caller's deadline (a producer's fill may still be running), or the default wait."""
+    return shm.FILL_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _first_line(e: BaseException) -> str:
