@@ -217,3 +217,18 @@ def test_a_ray_error_in_the_demo_is_one_line(monkeypatch, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert lines == ["error: the demo's rayaccel run failed: TimeoutError: the demo expected 4 GPUs in use, Ray shows "
                      "3.0"]
+
+
+def test_demo_results_are_both_files_or_neither(monkeypatch, tmp_path):
+    import rayaccel.demo as demo
+    from rayaccel import _outputs
+    from rayaccel.errors import OutputPathError
+
+    def full_disk(path, text, what="output"):
+        raise OutputPathError(f"{path}: cannot write the {what} (No space left on device)", path)
+    monkeypatch.setattr(demo, "_side", _canned(True))
+    monkeypatch.setattr(_outputs, "write_text", full_disk)
+    (tmp_path / "mine.txt").write_text("kept")
+    r = runner.invoke(app, ["demo", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "No space left on device" in r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]

@@ -125,10 +125,14 @@ def _run(out: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
     if out is not None:
         from .._outputs import write_text
 
-        res["picture"] = str(_picture(out, topo, ours, theirs))
-        res["json"] = str(out / "demo.json")
+        picture = _picture(out, topo, ours, theirs)
+        res["picture"], res["json"] = str(picture), str(out / "demo.json")
         res["seconds"] = round(time.monotonic() - t0, 1)
-        write_text(out / "demo.json", json.dumps(res, indent=2), what="demo results")
+        try:
+            write_text(out / "demo.json", json.dumps(res, indent=2), what="demo results")
+        except BaseException:
+            picture.unlink(missing_ok=True)  # both files or neither, also in a folder that existed before
+            raise
     res["seconds"] = round(time.monotonic() - t0, 1)
     return res
 
