@@ -127,3 +127,16 @@ def test_npu_smi_topo_layouts(number, layout):
     t = import_captures([_capture(number)]).topology
     assert len(t.devices) == 8 and all(d.cpus for d in t.devices)
     assert {l.kind for l in t.links} == {"hccs"}
+
+
+def test_amd_smi_tables_topology_does_not_need_are_skipped(tmp_path):
+    """Later amd-smi releases print more ``... TABLE:`` sections (``NUMA BW TABLE`` with ranges such as
+    ``50000-100000``); only ACCESS, WEIGHT, HOPS and LINK TYPE are read. The extra table here is written
+    for the test (a malformed one, so reading it would fail), prefixed to the real capture 64."""
+    extra = ("NUMA BW TABLE:\n"
+             "             0000:05:00.0\n"
+             "0000:05:00.0 N/A 50000-100000 stray\n\n")
+    f = tmp_path / "amd.txt"
+    f.write_text(extra + _capture("64").read_text())
+    t = import_captures([f]).topology
+    assert len(t.devices) == 8 and len(t.links) == 28

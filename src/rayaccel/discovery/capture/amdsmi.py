@@ -4,7 +4,8 @@ Devices are numbered in the order of the table columns (amd-smi's GPU order)
 and keep their BDF as ``pci_bus_id``. Links follow :func:`._grid.amd_link`;
 without a LINK TYPE table the kind is inferred from weights, with a warning.
 A capture that ends in ``[output truncated]`` or with missing rows imports what
-is there, with a warning naming what is missing.
+is there, with a warning naming what is missing. Tables other than these four (later
+releases add e.g. ``NUMA BW TABLE``) are skipped unread: their cells need not be a matrix.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def parse(lines: list[Line], path: str) -> list[Fragment]:
     while i < len(lines):
         ln = lines[i]
         m = _TABLE.match(ln.text)
+        if m and m.group(1) not in _KEYS:  # a table topology does not need (NUMA BW, FB SHARING ...): not read
+            i += 1
+            while i < len(lines) and not _TABLE.match(lines[i].text):
+                i += 1
+            continue
         if m:
             grid, i = read_grid(lines, i + 1, f"{m.group(1)} TABLE", path)
             if grid is not None and m.group(1) in _KEYS:
