@@ -232,3 +232,15 @@ def test_demo_results_are_both_files_or_neither(monkeypatch, tmp_path):
     r = runner.invoke(app, ["demo", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "No space left on device" in r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+def test_a_cluster_that_does_not_start_is_one_line(monkeypatch):
+    import rayaccel.demo as demo
+
+    class Overloaded:
+        def __init__(self, *a, **k):
+            raise Exception("The current node timed out during startup.")
+    monkeypatch.setattr(demo, "SimulatedCluster", Overloaded)
+    r = runner.invoke(app, ["demo"])
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
+        "error: the demo's rayaccel cluster did not start: Exception: The current node timed out during startup."]

@@ -33,18 +33,31 @@ MACHINE = "dgx1-v100"
 
 
 def _side(plain: bool, storage: str, log: Callable[[str], None]) -> dict[str, Any]:
-    c = SimulatedCluster([MACHINE], num_cpus=8, plain=[0] if plain else (), logging_level="ERROR",
-                         log_to_driver=False)
+    """Start one side's cluster, run the workload, stop the cluster.
+
+    Raises:
+        ClusterError: the cluster did not start or the run failed (one line naming the side).
+    """
+    side = "plain Ray" if plain else "rayaccel"
+    try:
+        c = SimulatedCluster([MACHINE], num_cpus=8, plain=[0] if plain else (), logging_level="ERROR",
+                             log_to_driver=False)
+    except ClusterError:
+        raise
+    except Exception as e:  # Ray's own start-up errors: one line, not a traceback
+        raise ClusterError(f"the demo's {side} cluster did not start: {type(e).__name__}: {_first(e)}") from e
     try:
         return workload.run(storage, log)
     except ClusterError:
         raise
     except Exception as e:  # a Ray error of the run: one line (the CLI prints it), not a traceback
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ClusterError(f"the demo's {'plain Ray' if plain else 'rayaccel'} run failed: {type(e).__name__}: "
-                           f"{first[:300]}") from e
+        raise ClusterError(f"the demo's {side} run failed: {type(e).__name__}: {_first(e)}") from e
     finally:
         c.shutdown()
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def _weakest(topo: Any, devices: list[int]) -> str:
