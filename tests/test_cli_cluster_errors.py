@@ -91,9 +91,27 @@ def test_start_rejects_bad_resources_before_starting_anything(value):
 
 
 def test_start_rejects_a_num_gpus_it_does_not_have():
-    r, _ = _cli("start", "--head", "--topology", "dgx1-v100", "--num-gpus=3")
+    r, _ = _cli("start", "--head", "--topology", "dgx1-v100", "--num-gpus=9")  # fewer than 8: the node takes those
     _one_error(r)
-    assert "--num-gpus=3" in r.stderr and "8 device(s)" in r.stderr
+    assert "--num-gpus=9" in r.stderr and "8 GPU(s)" in r.stderr and "--num-gpus=8 or fewer" in r.stderr
+
+
+@pytest.mark.parametrize("env", ["9", "GPU-nope", "1,GPU-nope", ""], ids=["index", "uuid", "mixed", "empty-ok"])
+def test_start_checks_the_visible_devices_before_anything_starts(env, monkeypatch):
+    if env == "":  # empty is valid (no GPU); with --num-gpus=1 it is the contradiction
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        r, _ = _cli("start", "--head", "--topology", "dgx1-v100", "--num-gpus=1")
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+        r, _ = _cli("start", "--head", "--topology", "dgx1-v100")
+    _one_error(r)
+    assert "CUDA_VISIBLE_DEVICES=" in r.stderr
+
+
+def test_start_checks_zero_gpu_tasks():
+    r, _ = _cli("start", "--head", "--topology", "dgx1-v100", "--zero-gpu-tasks=all")
+    _one_error(r)
+    assert "expected see-none or see-all" in r.stderr
 
 
 def test_stop_without_any_local_node_says_so():

@@ -63,6 +63,14 @@ NIC_ENV_VARS = {"NCCL_IB_HCA": ("hca", "="), "NVSHMEM_HCA_LIST": ("hca", ""), "N
 #: The devices of a worker's current grant, in order (``0,3``), written by the hook at each grant: what
 #: the tensor transport and the store inside the worker read (:func:`format_devices`, :func:`parse_devices`).
 DEVICES_ENV = "RAYACCEL_DEVICES"
+#: What a task that asked for no GPU sees on a GPU node (``rayaccel start --zero-gpu-tasks``,
+#: ``rayaccel.init(zero_gpu_tasks=)``): one of :data:`ZERO_GPU_MODES`; absent means ``see-none``.
+ZERO_GPU_ENV = "RAYACCEL_ZERO_GPU_TASKS"
+#: ``see-none`` (the default): no device (the raylet's placeholder ids); ``see-all``: what plain Ray 2.60
+#: leaves it (the visible-devices variable as the node was started with it: unset, or its preset).
+ZERO_GPU_MODES = ("see-none", "see-all")
+#: The GPUs' visible-devices variable as the node was given it (a ``see-all`` zero-GPU task gets it); absent: unset.
+NODE_VISIBLE_ENV = "RAYACCEL_NODE_VISIBLE"
 #: The module every worker of a rayaccel node preloads (``RAY_preload_python_modules``).
 HOOK_MODULE = "rayaccel.ray.worker.hook"
 #: Functions of this module are ``rayaccel.remote`` work: their set-up decides their grant.
@@ -109,9 +117,9 @@ _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
 __all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
-           "NAMESPACE", "NIC_ENV_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL",
+           "NAMESPACE", "NIC_ENV_ENV", "NODE_VISIBLE_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL",
            "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
-           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",
+           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "ZERO_GPU_ENV", "ZERO_GPU_MODES", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",
            "kv_key", "label_value", "load_json", "new_node_key", "nic_env_values", "parse_devices", "parse_nic_env", "valid_key"]
 
 

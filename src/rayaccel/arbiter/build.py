@@ -34,7 +34,8 @@ def gpu_vendor(topology: NodeTopology) -> str:
     return vendors.pop() if len(vendors) == 1 else "nvidia"
 
 
-def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: RaySpec | None = None) -> NodeTable:
+def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: RaySpec | None = None,
+                ray_ids: dict[int, str] | None = None) -> NodeTable:
     """The node table of ``topology`` (see :mod:`.table`).
 
     Args:
@@ -44,12 +45,16 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: Ra
             Gaudi modules, a plugin's devices: :func:`~rayaccel.placement.units.node_units`), chosen
             by :func:`~rayaccel.placement.units.choose_units` at the grant.
 
+        ray_ids: device -> the id Ray hands out for it when the node was given a visible-devices preset
+            (``"4"``, ``"GPU-..."``; stored as the ``GPU`` units' ``uuid_of``), else None (Ray's integers).
+
     Each device's nearest RDMA NICs come from :func:`rayaccel.topology.near_nics` (PIX, else PXB).
     """
     resources: dict[str, ResourceTable] = {}
     if spec is None or spec.resource == GPU:
         pool = tuple(gpu_pool(topology))
-        resources[GPU] = ResourceTable(GPU, "units", pool, {d: d for d in pool}, {}, plans(topology, pool))
+        ids = {d: ray_ids[d] for d in pool if d in ray_ids} if ray_ids else {}
+        resources[GPU] = ResourceTable(GPU, "units", pool, {d: d for d in pool}, ids, plans(topology, pool))
     else:
         units = node_units(topology, spec)
         ids = tuple(u.id for u in units)

@@ -21,8 +21,12 @@ def _start(ctx: typer.Context,
            block: bool = typer.Option(False, "--block", help="Stay in the foreground until the node stops (containers, KubeRay); SIGTERM stops it."),
            network_topology: Optional[str] = typer.Option(None, "--network-topology", help="A Slurm topology.conf or AWS describe-instance-topology JSON naming this node: its network levels become labels (rayaccel.io/net-l1, ...)."),
            instance_id: Optional[str] = typer.Option(None, "--instance-id", help="This node's EC2 instance id (with an AWS --network-topology file)."),
-           nic_env: Optional[str] = typer.Option(None, "--nic-env", help="Also write these NIC variables at each grant, from the devices' near NICs (UCX_NET_DEVICES always): NCCL_IB_HCA, NVSHMEM_HCA_LIST, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME. A value the user set is kept.")) -> None:
+           nic_env: Optional[str] = typer.Option(None, "--nic-env", help="Also write these NIC variables at each grant, from the devices' near NICs (UCX_NET_DEVICES always): NCCL_IB_HCA, NVSHMEM_HCA_LIST, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME. A value the user set is kept."),
+           zero_gpu_tasks: Optional[str] = typer.Option(None, "--zero-gpu-tasks", help="What a task asking no GPU sees: see-none (default: no GPU) or see-all (plain Ray's: the node's GPUs).")) -> None:
     """Start a Ray node whose devices rayaccel manages (other flags go to `ray start`).
+
+    CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD) set for the node, or --num-gpus smaller than the host's
+    count, gives the node only those devices, as with plain `ray start`.
 
     Without GPUs and without --topology the node advertises no devices (a CPU node).
     Example: rayaccel start --head --topology dgx1-v100
@@ -33,7 +37,7 @@ def _start(ctx: typer.Context,
     from ..ray.node.lifecycle import start_node
 
     res = start_node(list(ctx.args), topology, publish=not no_publish, network_topology=network_topology,
-                     instance_id=instance_id, nic_env=nic_env)
+                     instance_id=instance_id, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks)
     rec = res.record
     t = rec.topology
     what = t.name or t.hostname or "discovered"
@@ -41,6 +45,9 @@ def _start(ctx: typer.Context,
                   f"{res.processes} Ray processes)")
     console.print(f"  devices: {len(t.devices)} ({escape(what)}{', simulated' if rec.simulated else ''}); "
                   f"Ray GPU={len(gpu_pool(t))}, MIG instances={len(t.partitions())}")
+    if rec.host is not None:
+        console.print(f"  given:   {escape(str(rec.given_by))}: this node manages devices "
+                      f"{list(t.indices)} of the host's {list(rec.host)}")
     console.print("  topology: " + ("published, node agent running" if res.published else "NOT published (--no-publish)"))
     if res.head:
         console.print(f"  add a node:   rayaccel start --address={res.address}")

@@ -88,7 +88,9 @@ def _node_tables(nodes: list[dict]) -> list[Any]:
         res = n.get("resource") or "GPU"
         title = Text(f"{n['name'] or n['node_key']} (node {n['node_id'][:12]}, key {n['node_key']}"
                      f"{', simulated' if n['simulated'] else ''}): {n['free']}/{len(n['devices'])} free"
-                     + (f", Ray resource {res} (one per {n.get('unit') or 'device'})" if res != "GPU" else ""))
+                     + (f", Ray resource {res} (one per {n.get('unit') or 'device'})" if res != "GPU" else "")
+                     + (f"; manages devices {[d['index'] for d in n['devices']]} of the host's "
+                        f"{n.get('host_devices')} ({n['given_by']})" if n.get("given_by") else ""))
         t = Table(title=title, title_justify="left")
         for col in ("dev", "model", "memory", "state", "held by", "note"):
             t.add_column(col)

@@ -98,16 +98,23 @@ class NodeRecord:
     Attributes:
         node_key: the node marker key. topology: the node's topology.
         simulated: True when the hardware is simulated (no real devices behind it).
+        host: the host's device indices when the node manages only some of them, else None.
+        given_by: what gave the node those devices (``"CUDA_VISIBLE_DEVICES=4,5,6"``, ``"--num-gpus=2"``), or None.
     """
 
     node_key: str
     topology: NodeTopology
     simulated: bool
+    host: tuple[int, ...] | None = None
+    given_by: str | None = None
 
     def to_json(self) -> str:
         """Serialise (compact JSON)."""
-        return json.dumps({"schema": RECORD_SCHEMA, "node_key": self.node_key, "simulated": self.simulated,
-                           "topology": self.topology.to_dict()}, separators=(",", ":"))
+        d = {"schema": RECORD_SCHEMA, "node_key": self.node_key, "simulated": self.simulated,
+             "topology": self.topology.to_dict()}
+        if self.host is not None:
+            d.update(host=list(self.host), given_by=self.given_by)
+        return json.dumps(d, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str = "record") -> "NodeRecord":
@@ -131,7 +138,14 @@ class NodeRecord:
             raise TopologyError(f"rayaccel node record: {e}", where) from None
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise TopologyError(f"rayaccel node record: bad topology: {e}", where) from None
-        return cls(node_key=key, simulated=data["simulated"], topology=topo)
+        host, given_by = data.get("host"), data.get("given_by")
+        if host is not None and (not isinstance(host, list) or len(host) > 4096
+                                 or not all(isinstance(i, int) and not isinstance(i, bool) for i in host)):
+            raise TopologyError("rayaccel node record: host must be a list of device indices", where)
+        if given_by is not None and (not isinstance(given_by, str) or len(given_by) > 4096):
+            raise TopologyError("rayaccel node record: given_by must be text", where)
+        return cls(node_key=key, simulated=data["simulated"], topology=topo,
+                   host=tuple(host) if host is not None else None, given_by=given_by)
 
     def mismatch(self, total: Mapping[str, float]) -> str | None:
         """Why this record does not describe a node advertising ``total`` resources, or None.

@@ -109,12 +109,24 @@ class NodeTopology:
         """All MIG instances of the node, by parent device."""
         return tuple(p for d in sorted(self.devices, key=lambda d: d.index) for p in d.partitions)
 
-    def subset(self, indices: Iterable[int]) -> "NodeTopology":
-        """The topology restricted to ``indices`` (links and NIC paths among them only)."""
+    def subset(self, indices: Iterable[int], partitions: Iterable[str] | None = None) -> "NodeTopology":
+        """The topology restricted to ``indices``: what a node given only those devices manages.
+
+        Pure. Kept devices keep their host indices and every field (NUMA, CPUs, fabric); links
+        and NIC paths among them only; NICs stay (a host NIC is still the host's), each with its
+        paths to kept devices. ``partitions`` (MIG instance keys or UUIDs), when given, keeps only
+        those MIG instances of the kept devices. Indices the topology lacks are ignored; the
+        result validates whenever ``self`` does.
+        """
         keep = set(indices)
+        devices = tuple(d for d in self.devices if d.index in keep)
+        if partitions is not None:
+            want = set(partitions)
+            devices = tuple(replace(d, partitions=tuple(p for p in d.partitions if p.key in want or p.uuid in want))
+                            for d in devices)
         return replace(
             self,
-            devices=tuple(d for d in self.devices if d.index in keep),
+            devices=devices,
             links=tuple(l for l in self.links if l.a in keep and l.b in keep),
             nics=tuple(replace(n, paths=tuple(p for p in n.paths if p[0] in keep)) for n in self.nics),
         )

@@ -29,7 +29,8 @@ from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.node import agent
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.driver import view
-from rayaccel.ray.node.start import nic_env_names, node_env, prepare, resolve_topology
+from rayaccel.ray.node.preset import given
+from rayaccel.ray.node.start import nic_env_names, node_env, prepare, resolve_topology, zero_gpu_mode
 from rayaccel.ray.record import NodeRecord, node_labels, node_resources
 
 
@@ -79,7 +80,12 @@ class SimulatedCluster:
             (:func:`rayaccel.ray.driver.places.place_labels`). They override rayaccel's own labels.
         nic_env: other libraries' NIC variables the rayaccel nodes' workers get at each grant
             (``"NCCL_IB_HCA,NVSHMEM_HCA_LIST"``), as ``rayaccel start --nic-env``.
+        zero_gpu_tasks: what a task asking no GPU sees on the rayaccel nodes (``see-none``, the default, or
+            ``see-all``), as ``rayaccel start --zero-gpu-tasks``.
         ray_init_kwargs: passed to ``ray.init`` when connecting.
+
+    A visible-devices variable in ``env`` (``CUDA_VISIBLE_DEVICES=4,5,6``) gives every node those devices of
+    its topology, as it gives a plain Ray node (:mod:`rayaccel.ray.node.preset`); checked before anything starts.
 
     Raises:
         ClusterError: no topology given, more label sets than nodes or a label set that is not
@@ -90,7 +96,8 @@ class SimulatedCluster:
                  connect: bool = True,
                  object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
                  metrics_export_port: int | None = None, labels: Sequence[dict | None] | None = None,
-                 nic_env: str | Sequence[str] | None = None, dashboard: bool = False, **ray_init_kwargs: Any):
+                 nic_env: str | Sequence[str] | None = None, dashboard: bool = False,
+                 zero_gpu_tasks: str | None = None, **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -101,6 +108,9 @@ class SimulatedCluster:
         topos = [resolve_topology(t) for t in topologies]  # bad names fail before anything is made
         extra = _check_labels(labels, len(topos))
         self.nic_env = nic_env_names(nic_env)  # a bad name fails before anything starts
+        self.zero_gpu_tasks = zero_gpu_mode(zero_gpu_tasks)
+        self._given = [given(t, dict(env or {})) for t in topos]  # a bad preset fails before anything starts
+        self._records: dict[str, NodeRecord] = {}
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self._own_tmp = "RAY_TMPDIR" not in os.environ
@@ -125,7 +135,7 @@ class SimulatedCluster:
                 args["metrics_export_port"] = metrics_export_port
             self._cluster = Cluster(initialize_head=True, head_node_args=args)
             hn = self._cluster.head_node
-            self.nodes.append(SimNode(hn.node_id, key, topos[0], hn, d))
+            self.nodes.append(SimNode(hn.node_id, key, self._records[key].topology if key else topos[0], hn, d))
             for i, t in enumerate(topos[1:], start=1):
                 self._add(t, i in plain, extra[i], cpus[i])
             self._cluster.wait_for_nodes()
@@ -145,14 +155,17 @@ class SimulatedCluster:
                    ) -> tuple[dict, str | None, Path | None]:
         base = {"num_cpus": self.num_cpus if num_cpus is None else num_cpus,
                 "object_store_memory": self.object_store_memory}
+        topo, preset = given(topo, self.env)
         if plain:
             base.update(num_gpus=len(gpu_pool(topo)), env_vars=dict(self.env) or None)
             if labels:
                 base["labels"] = dict(labels)
             return base, None, None
-        record, d = prepare(topo, simulated=True)
+        record, d = prepare(topo, simulated=True, preset=preset)
+        self._records[record.node_key] = record
         num_gpus, res = node_resources(topo)
-        env = {**self.env, **node_env(topo, record.node_key, d, nic_env=self.nic_env or None)}
+        env = {**self.env, **node_env(topo, record.node_key, d, base={**os.environ, **self.env},
+                                      nic_env=self.nic_env or None, zero_gpu_tasks=self.zero_gpu_tasks)}
         base.update(num_gpus=num_gpus, resources=res, env_vars=env,
                     labels={**node_labels(topo, record.node_key, simulated=True), **(labels or {})})
         return base, record.node_key, d
@@ -161,7 +174,7 @@ class SimulatedCluster:
              num_cpus: int | None = None) -> SimNode:
         args, key, d = self._node_args(topo, plain, labels, num_cpus)
         handle = self._cluster.add_node(**args)
-        node = SimNode(handle.node_id, key, topo, handle, d)
+        node = SimNode(handle.node_id, key, self._records[key].topology if key else topo, handle, d)
         self.nodes.append(node)
         return node
 
@@ -169,7 +182,7 @@ class SimulatedCluster:
         if not node.managed:
             return
 
-        kv.publish(NodeRecord(node.node_key, node.topology, simulated=True))
+        kv.publish(self._records.get(node.node_key) or NodeRecord(node.node_key, node.topology, simulated=True))
         node.agent = agent.start(node.node_key, node.node_id, node.directory, raylet_pid=rp.raylet_pid(node.handle),
                                  wait=wait)
 

@@ -86,6 +86,9 @@ def run(timeout_s: float = 15.0) -> list[Row]:
         rows.append(Row(k, "record", "fail", f"unusable: {why}", "restart the node with `rayaccel start` "
                         "(it publishes a fresh record)"))
     for n in nodes:
+        if n.record.host is not None:
+            rows.append(Row(n.node_key, "devices given", "ok", f"manages devices {list(n.topology.indices)} of the "
+                            f"host's {list(n.record.host)} ({n.record.given_by})"))
         f = facts.get(n.node_key)
         if f is None:
             continue

@@ -16,12 +16,14 @@ from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.driver import view
 from rayaccel.ray.node import agent, nodedir
-from rayaccel.ray.node.start import environ, node_env, node_topology, prepare
+from rayaccel.ray.node.preset import given
+from rayaccel.ray.node.start import environ, node_env, node_topology, prepare, zero_gpu_mode
 from rayaccel.ray.record import node_labels, node_resources
 
 
 def init(address: str | None = None, topology: NodeTopology | str | None = None, *,
-         nic_env: str | Sequence[str] | None = None, **ray_init_kwargs: Any) -> Any:
+         nic_env: str | Sequence[str] | None = None, zero_gpu_tasks: str | None = None,
+         **ray_init_kwargs: Any) -> Any:
     """Connect to a Ray cluster, or start an embedded one-node cluster whose node rayaccel manages.
 
     Args:
@@ -31,8 +33,14 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
             None discovers (see module docstring). Not allowed with ``address``.
         nic_env: for the embedded cluster: other libraries' NIC variables its workers get at each grant,
             besides ``UCX_NET_DEVICES`` (``"NCCL_IB_HCA,NVSHMEM_HCA_LIST"``; never over a value the user set).
+        zero_gpu_tasks: for the embedded cluster: what a task asking no GPU sees, ``"see-none"`` (default:
+            no device) or ``"see-all"`` (plain Ray's: the variable as the node was started with it).
         ray_init_kwargs: passed to ``ray.init`` (``num_cpus``, ``namespace`` ...; not
-            ``num_gpus``/``resources``/``labels`` for an embedded cluster: rayaccel sets those).
+            ``resources``/``labels`` for an embedded cluster: rayaccel sets those). ``num_gpus`` smaller
+            than the host's count gives the node the first ``num_gpus`` devices (or of the preset), as Ray does.
+
+    The embedded node manages the devices it was given: a visible-devices variable set in this process
+    (``CUDA_VISIBLE_DEVICES=4,5,6``, UUIDs, empty = none) and ``num_gpus`` (:mod:`rayaccel.ray.node.preset`).
 
     Returns:
         What ``ray.init`` returns.
@@ -51,6 +59,9 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     if not (address or "").startswith("ray://"):  # Ray Client takes its own extra keywords
         _check_init_kwargs(ray_init_kwargs)
     if address is not None:
+        if zero_gpu_tasks is not None:
+            raise ClusterError("zero_gpu_tasks= only applies to an embedded cluster (address=None); nodes of an "
+                               "existing cluster take it from `rayaccel start --zero-gpu-tasks`")
         if nic_env is not None:
             raise ClusterError("nic_env= only applies to an embedded cluster (address=None); nodes of an existing "
                                "cluster take it from `rayaccel start --nic-env`")
@@ -58,14 +69,16 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
             raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
                                "existing cluster publish their own topology via `rayaccel start`")
         return ray.init(address=address, **ray_init_kwargs)
-    for k in ("num_gpus", "resources", "labels"):
+    for k in ("resources", "labels"):
         if k in ray_init_kwargs:
             raise ClusterError(f"{k}= is set by rayaccel for an embedded cluster (from the topology)")
+    zero_gpu_mode(zero_gpu_tasks)
     topo, simulated = node_topology(topology)
-    record, directory = prepare(topo, simulated)
+    topo, preset = given(topo, os.environ, num_gpus=ray_init_kwargs.pop("num_gpus", None))
+    record, directory = prepare(topo, simulated, preset=preset)
     num_gpus, res = node_resources(topo)
     ray_init_kwargs.setdefault("include_dashboard", False)
-    with environ(node_env(topo, record.node_key, directory, nic_env=nic_env)):
+    with environ(node_env(topo, record.node_key, directory, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks)):
         # address="local": always a new embedded cluster, never one found in RAY_ADDRESS or /tmp/ray
         ctx = ray.init(address="local", num_gpus=num_gpus, resources=res,
                        labels=node_labels(topo, record.node_key, simulated=simulated), **ray_init_kwargs)

@@ -92,7 +92,9 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float) -> dict:
     lock = snap.lock._asdict() if snap is not None and snap.lock is not None else None
     spec = node_spec(topo)
     return {"node_id": n.node_id, "node_key": n.node_key, "name": topo.name, "hostname": topo.hostname,
-            "simulated": n.record.simulated, "free": sum(1 for x in devices if x["state"] == "free"),
+            "simulated": n.record.simulated,
+            "host_devices": list(n.record.host) if n.record.host is not None else [d["index"] for d in devices],
+            "given_by": n.record.given_by, "free": sum(1 for x in devices if x["state"] == "free"),
             "devices": devices, "holders": holders, "unhooked_slots": snap.unhooked_slots if snap is not None else 0.0,
             "waiting": [h for h in holders if h["waiting"]],
             "age_s": round(now - snap.at, 3) if snap is not None and snap.at else None, "agent": source,

@@ -30,7 +30,8 @@ from rayaccel.discovery.network import node_levels
 from rayaccel.errors import ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray.node import nodedir
-from rayaccel.ray.node.start import nic_env_names, node_env, node_topology, prepare
+from rayaccel.ray.node.preset import given
+from rayaccel.ray.node.start import nic_env_names, node_env, node_topology, prepare, zero_gpu_mode
 from rayaccel.ray.node.processes import _local, _my_ray_processes, _save_processes, _stop_new, local_nodes, stop_local
 from rayaccel.ray.record import node_labels, node_resources
 
@@ -43,6 +44,15 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def _json_object(text: str | None) -> dict | None:
+    """``--resources``' object, or None (its errors are :func:`ray_start_command`'s to report)."""
+    try:
+        v = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        return None
+    return v if isinstance(v, dict) else None
 
 
 def _without(args: list[str], flag: str) -> list[str]:
@@ -150,7 +160,8 @@ def check_head(address: str, timeout_s: float = HEAD_PROBE_TIMEOUT_S) -> None:
 
 def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None = None,
                *, publish: bool = True, timeout_s: float = 120.0, network_topology: str | None = None,
-               instance_id: str | None = None, nic_env: str | Sequence[str] | None = None) -> Started:
+               instance_id: str | None = None, nic_env: str | Sequence[str] | None = None,
+               zero_gpu_tasks: str | None = None) -> Started:
     """Start this machine's rayaccel node (see module docstring).
 
     Args:
@@ -162,20 +173,28 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
             (:func:`rayaccel.discovery.network.node_levels`). Read before anything starts.
         nic_env: other libraries' NIC variables workers get at each grant (``NCCL_IB_HCA,NVSHMEM_HCA_LIST``),
             checked before anything starts.
+        zero_gpu_tasks: what a task asking no GPU sees: ``see-none`` (default) or ``see-all`` (plain Ray's).
+
+    The node manages the devices it was given (:mod:`.preset`): a visible-devices variable set for it
+    (``CUDA_VISIBLE_DEVICES=4,5,6``, UUIDs, empty = none) or ``--num-gpus`` smaller than the host's count;
+    a preset the host cannot honour fails before anything starts.
 
     Raises:
         CaptureError: the network file is malformed or does not name this node (nothing started).
         ClusterError: ``ray start`` failed, or publication failed (the node is stopped again).
     """
+    nic_env_names(nic_env)  # a bad name fails before anything starts
+    zero_gpu_mode(zero_gpu_tasks)
     joining = _flag_value(ray_args, "--address")
     if joining is not None and "--head" not in ray_args:
         check_head(joining)  # nothing there: say so in seconds, not after ray start's two minutes
-    nic_env_names(nic_env)  # a bad name fails before anything starts
     network = None
     if network_topology is not None:
         network = node_levels(network_topology, socket.gethostname(), instance_id)
     topo, simulated = node_topology(topology, simulate_default=False)
-    record, directory = prepare(topo, simulated)
+    topo, preset = given(topo, os.environ, num_gpus=_flag_value(ray_args, "--num-gpus"),
+                         resources=_json_object(_flag_value(ray_args, "--resources")))
+    record, directory = prepare(topo, simulated, preset=preset)
     head = "--head" in ray_args
     try:
         cmd = ray_start_command(topo, record.node_key, ray_args, simulated=simulated, network=network)
@@ -184,7 +203,7 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
         raise
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env.update(node_env(topo, record.node_key, directory, base=env, nic_env=nic_env))
+    env.update(node_env(topo, record.node_key, directory, base=env, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks))
     if simulated and topology is not None and isinstance(topology, str):
         env["RAYACCEL_TOPOLOGY"] = topology
     before = _my_ray_processes()

@@ -40,6 +40,8 @@ from rayaccel.errors import BackendUnavailable, ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp
 from rayaccel.ray.node import nodedir
+from rayaccel.ray.node.preset import Preset
+from rayaccel.contract import (NODE_VISIBLE_ENV, ZERO_GPU_ENV, ZERO_GPU_MODES)
 from rayaccel.contract import (HOOK_MODULE, NIC_ENV_ENV, NODE_DIR_ENV, NODE_KEY_ENV, TABLE_FILE, UNHOOKED_PREFIX,
                                new_node_key, parse_nic_env)
 from rayaccel.ray.record import NodeRecord, node_resources, node_spec
@@ -95,7 +97,8 @@ def resolve_topology(spec: NodeTopology | str) -> NodeTopology:
 
 
 def node_env(topology: NodeTopology, node_key: str, directory: Path,
-             base: dict[str, str] | None = None, nic_env: str | Sequence[str] | None = None) -> dict[str, str]:
+             base: dict[str, str] | None = None, nic_env: str | Sequence[str] | None = None,
+             zero_gpu_tasks: str | None = None) -> dict[str, str]:
     """The environment variables a rayaccel node's raylet (and so every worker) must start with.
 
     * ``RAY_preload_python_modules`` gains :data:`HOOK_MODULE` (kept: what was there);
@@ -109,10 +112,15 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     * ``RAYACCEL_NIC_ENV`` when ``nic_env`` names other libraries' NIC variables (``NCCL_IB_HCA``,
       ``NVSHMEM_HCA_LIST``, ``NCCL_SOCKET_IFNAME``, ...): the hook writes them from the grant's near NICs.
 
+    * ``RAYACCEL_ZERO_GPU_TASKS`` (``zero_gpu_tasks``: ``see-none``, the default, or ``see-all``) and
+      ``RAYACCEL_NODE_VISIBLE`` (the variable as the node was given it): what a task asking no GPU sees.
+
     Raises:
-        ClusterError: ``nic_env`` names a variable rayaccel cannot write (the message lists those it can).
+        ClusterError: ``nic_env`` names a variable rayaccel cannot write (the message lists those it can),
+            or ``zero_gpu_tasks`` is not one of ``see-none`` / ``see-all``.
     """
     base = dict(os.environ if base is None else base)
+    zero = zero_gpu_mode(zero_gpu_tasks)
     if not rp.capabilities()[rp.TASK_END.name]:  # Ray < 2.50: said once, at the first node this process starts
         rp.warn_missing(rp.TASK_END)
     pre = [m for m in (base.get(rp.PRELOAD_ENV) or "").split(",") if m and m != HOOK_MODULE]
@@ -130,6 +138,10 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
         env[rp.UNIT_INSTANCE_ENV] = ",".join(dict.fromkeys([*have, *extra]))
     var = VISIBLE_ENV.get(gpu_vendor(topology), "CUDA_VISIBLE_DEVICES")
     if num_gpus or migs:
+        if base.get(var) is not None and not base[var].startswith(UNHOOKED_PREFIX):
+            env[NODE_VISIBLE_ENV] = base[var]
+        if zero != ZERO_GPU_MODES[0]:
+            env[ZERO_GPU_ENV] = zero
         env[var] = ",".join(f"{UNHOOKED_PREFIX}{i}" for i in range(max(num_gpus, 1)))
     if unit:  # the family's own variables: placeholders too (a worker without the hook gets no unit)
         n = int(res.get(spec.resource, 0))
@@ -155,6 +167,20 @@ def nic_env_names(nic_env: str | Sequence[str] | None) -> tuple[str, ...]:
         raise ClusterError(str(e)) from None
 
 
+def zero_gpu_mode(mode: str | None) -> str:
+    """``mode`` checked (None: the default, ``see-none``).
+
+    Raises:
+        ClusterError: not one of :data:`~rayaccel.contract.ZERO_GPU_MODES`.
+    """
+    if mode is None:
+        return ZERO_GPU_MODES[0]
+    if mode not in ZERO_GPU_MODES:
+        raise ClusterError(f"zero-gpu-tasks={mode!r}: expected {' or '.join(ZERO_GPU_MODES)} (see-none: a task "
+                           "asking no GPU sees none; see-all: it sees the node's GPUs, as on plain Ray)")
+    return mode
+
+
 @contextmanager
 def environ(updates: dict[str, str]) -> Iterator[None]:
     """Set ``updates`` in os.environ for the duration (processes started meanwhile inherit them)."""
@@ -170,19 +196,26 @@ def environ(updates: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None) -> tuple[NodeRecord, Path]:
+def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None,
+            preset: Preset | None = None) -> tuple[NodeRecord, Path]:
     """Make a node's key, directory, record and table (written there) before its raylet starts.
 
     The table (:mod:`rayaccel.arbiter.table`) is what the node's workers read at a grant;
     building it precomputes the placer's plain decisions for pools of up to 8 devices.
+    ``preset``: the devices the node was given (:mod:`.preset`; ``topology`` is already restricted
+    to them): the record names the host's devices too, the table the ids Ray hands out for each.
     """
 
     key = node_key or new_node_key()
     d = nodedir.node_dir(key)
-    record = NodeRecord(key, topology, simulated)
+    given = preset is not None and preset.restricted
+    record = NodeRecord(key, topology, simulated, host=preset.host if given else None,
+                        given_by=preset.source if given else None)
+    ids = dict(zip(preset.devices, preset.ray_ids)) if given and preset.ray_ids and preset.partitions is None else None
     nodedir.write_record(d, record.to_json())
-    nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated, node_spec(topology))))
+    nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated, node_spec(topology),
+                                                               ray_ids=ids)))
     return record, d
 
 
-__all__ = ["environ", "nic_env_names", "node_env", "node_topology", "prepare", "resolve_topology"]
+__all__ = ["environ", "nic_env_names", "node_env", "node_topology", "prepare", "resolve_topology", "zero_gpu_mode"]

@@ -49,6 +49,7 @@ from rayaccel.arbiter.table import NodeTable, decode_table
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp
 from rayaccel.contract import (DEVICES_ENV, NIC_ENV_ENV, NODE_DIR_ENV, RECORD_FILE, REMOTE_MODULE, TABLE_FILE,
+from rayaccel.contract import NODE_VISIBLE_ENV, ZERO_GPU_ENV
                                UCX_NET_DEVICES, drain_target, format_devices, host_netdevs, host_rdma_devices,
                                nic_env_values, parse_nic_env)
 
@@ -108,6 +109,8 @@ class _NodeSide:
         self.env_var = self.table.visible_env
         self.default_visible = os.environ.get(self.env_var)
         self.user_ucx = os.environ.get(UCX_NET_DEVICES)
+        if os.environ.get(ZERO_GPU_ENV) == "see-all":  # a task asking no GPU sees what plain Ray leaves it
+            self.default_visible = os.environ.get(NODE_VISIBLE_ENV)
         host = host_rdma_devices() if any(self.table.nics.values()) else frozenset()
         #: device -> its near NICs that this host has: what UCX may be given (``table.nics`` names them all)
         self.ucx_nics = {i: tuple(n for n in nics if n.partition(":")[0] in host)
@@ -281,7 +284,8 @@ def _decide(ns: _NodeSide, rg: Any, request: Any) -> Current:
     req = GrantRequest(pid=os.getpid(), key=key, slots=slots, pg=pg, bundle=bundle, pg_bundles=pg_bundles,
                        request=request, drain=drain, info={k: v for k, v in info.items() if k != "id"})
     g = _grant_waiting(ns, req)
-    ids: list = list(g.devices)
+    gpu_ids = ns.table.resources[GPU].uuid_of if GPU in ns.table.resources else {}
+    ids: list = [gpu_ids.get(d, d) for d in g.devices]  # a preset node: the preset's own ids, as Ray gives them
     ids += [ns.table.resources[r].uuid_of.get(u, u) for r, us in g.units.items() if r.startswith("mig_") for u in us]
     others = {r: tuple(us) for r, us in g.units.items() if r != GPU and not r.startswith("mig_")}
     plain = drain is None and request is None and pg is None
