@@ -43,9 +43,18 @@ RESTART_DELAY_S = 1.0
 ALIVE_EVERY_S = 2.0
 #: Exit code of a child whose node is gone (the supervisor does not restart it).
 NODE_GONE = 0
-#: The supervisor gives up after this many children in a row each died within FAST_FAIL_S of starting.
+#: The supervisor gives up after this many children in a row each died within FAST_FAIL_S of starting
+#: (connecting to a GCS that is gone takes Ray about a minute to give up).
 FAST_FAILS = 5
-FAST_FAIL_S = 10.0
+FAST_FAIL_S = 120.0
+
+
+def raylet_gone(pid: int | None) -> bool:
+    """True when the raylet ``pid`` is no longer running (a zombie not yet reaped counts as gone); False when
+    it runs or ``pid`` is None (unknown: the agent asks Ray's node table instead)."""
+    from rayaccel._proc import state
+
+    return pid is not None and state(pid) in (None, "Z", "X")
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -57,6 +66,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--raylet-pid", type=int, default=None, help="the node's raylet (the agent ends with it)")
     p.add_argument("--serve", action="store_true", help="run the agent (else: supervise a child that does)")
     return p.parse_args(argv)
+
+
+def _raylet_arg(argv: list[str]) -> int | None:
+    return _args(argv).raylet_pid
 
 
 def supervise(argv: list[str]) -> int:
@@ -72,12 +85,13 @@ def supervise(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    raylet = _raylet_arg(argv)
     fast = 0
-    while stop["sig"] is None:
+    while stop["sig"] is None and not raylet_gone(raylet):
         t0 = time.monotonic()
         child["p"] = subprocess.Popen([sys.executable, "-m", MODULE, *argv, "--serve"])
-        rc = child["p"].wait()
-        if stop["sig"] is not None or rc == NODE_GONE:
+        rc = _wait_child(child["p"], raylet)
+        if stop["sig"] is not None or rc == NODE_GONE or raylet_gone(raylet):
             return 0
         fast = fast + 1 if time.monotonic() - t0 < FAST_FAIL_S else 0
         if fast >= FAST_FAILS:
@@ -87,6 +101,25 @@ def supervise(argv: list[str]) -> int:
         log.warning("rayaccel agent: exited with %s; starting it again", rc)
         time.sleep(RESTART_DELAY_S)
     return 0
+
+
+def _wait_child(p: subprocess.Popen, raylet: int | None) -> int:
+    """Wait for the agent child; when its raylet is gone, end the child (it may hang on a GCS gone with the node)."""
+    gone = 0
+    while True:
+        try:
+            return p.wait(ALIVE_EVERY_S)
+        except subprocess.TimeoutExpired:
+            pass
+        gone = gone + 1 if raylet_gone(raylet) else 0
+        if gone >= 2:  # the child would have exited by now: ask, then make it
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(5.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            return NODE_GONE
 
 
 class Server:
@@ -150,8 +183,10 @@ def serve(a: argparse.Namespace) -> int:
     from rayaccel.ray.node import health, metrics
     from rayaccel.ray.node.agent import NodeAgent
 
-    from rayaccel._proc import start_time, state as proc_state
+    from rayaccel._proc import start_time
 
+    if raylet_gone(a.raylet_pid):  # started (or restarted) after its node ended: nothing to do
+        return NODE_GONE
     born = start_time(a.raylet_pid) if a.raylet_pid else None
     raylet = (a.raylet_pid, born) if born is not None else None  # else: asks Ray's node table
     ray.init(address=a.address, namespace=AGENT_NAMESPACE, logging_level="ERROR", log_to_driver=False)
@@ -169,7 +204,7 @@ def serve(a: argparse.Namespace) -> int:
     misses = 0
     while not stop.wait(ALIVE_EVERY_S):
         if raylet is not None:  # a zombie (its parent has not reaped it yet: SimulatedCluster) is gone too
-            alive = start_time(raylet[0]) == raylet[1] and proc_state(raylet[0]) not in ("Z", "X", None)
+            alive = start_time(raylet[0]) == raylet[1] and not raylet_gone(raylet[0])
         else:
             try:
                 alive = any(n["NodeID"] == a.node_id and n["Alive"] for n in ray.nodes())
