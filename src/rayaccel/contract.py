@@ -66,7 +66,7 @@ DEVICES_ENV = "RAYACCEL_DEVICES"
 #: What a task that asked for no GPU sees on a GPU node (``rayaccel start --zero-gpu-tasks``,
 #: ``rayaccel.init(zero_gpu_tasks=)``): one of :data:`ZERO_GPU_MODES`; absent means ``see-none``.
 ZERO_GPU_ENV = "RAYACCEL_ZERO_GPU_TASKS"
-#: ``see-none`` (the default): no device (the raylet's placeholder ids); ``see-all``: what plain Ray 2.60
+#: ``see-none`` (the default): ``""``, no device (Ray's value with ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1``); ``see-all``: what plain Ray 2.60
 #: leaves it (the visible-devices variable as the node was started with it: unset, or its preset).
 ZERO_GPU_MODES = ("see-none", "see-all")
 #: The GPUs' visible-devices variable as the node was given it (a ``see-all`` zero-GPU task gets it); absent: unset.

@@ -107,10 +107,12 @@ class _NodeSide:
         self.families = tuple(t for t in self.table.resources.values() if t.spec)
         self.family_defaults = {v: os.environ.get(v) for t in self.families for v in t.visible_env()}
         self.env_var = self.table.visible_env
-        self.default_visible = os.environ.get(self.env_var)
-        self.user_ucx = os.environ.get(UCX_NET_DEVICES)
-        if os.environ.get(ZERO_GPU_ENV) == "see-all":  # a task asking no GPU sees what plain Ray leaves it
+        # What a task asking no GPU gets: see-none (default) "", no device, as Ray writes it with
+        # RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1; see-all: the variable as the node was given it (Ray 2.60's default)
+        self.default_visible: str | None = ""
+        if os.environ.get(ZERO_GPU_ENV) == "see-all":
             self.default_visible = os.environ.get(NODE_VISIBLE_ENV)
+        self.user_ucx = os.environ.get(UCX_NET_DEVICES)
         host = host_rdma_devices() if any(self.table.nics.values()) else frozenset()
         #: device -> its near NICs that this host has: what UCX may be given (``table.nics`` names them all)
         self.ucx_nics = {i: tuple(n for n in nics if n.partition(":")[0] in host)
