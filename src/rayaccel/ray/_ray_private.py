@@ -497,8 +497,9 @@ def adopt_rdt_module(module: Any, name: str, register: Callable[[], None]) -> bo
         else:  # 2.55: custom transports, but not the one-sided fetches rayaccel's is built on
             _gate(module, "normalize_and_validate_tensor_transport", name, None)
         return True
-    if module.__name__ == RDT_NAME_MODULES[1]:  # 2.53-2.54
-        return _gate(module, "normalize_and_validate_tensor_transport", name, "OBJECT_STORE")
+    if module.__name__ == RDT_NAME_MODULES[1]:  # 2.53-2.54: 2.54 (registrable transports) means none by None
+        instead = None if hasattr(module, "register_tensor_transport") else "OBJECT_STORE"
+        return _gate(module, "normalize_and_validate_tensor_transport", name, instead)
     enum = getattr(module, "TensorTransportEnum", None)  # 2.48-2.52 (later releases keep the enum, unused)
     if enum is not None and hasattr(enum, "from_str") and hasattr(enum, "OBJECT_STORE"):
         orig = enum.from_str
