@@ -13,7 +13,9 @@ every device pair's link (kind, lanes, PCIe class), flagging mismatches with
 probe for ``--health-seconds`` (read-only: nothing on the GPU is changed) and the
 ``rayaccel`` tensor transport's paths on the real devices (``scripts/transport_check.py``:
 CUDA IPC and GPU NIXL against torch device copies; ``--no-transport`` skips it, and
-without a GPU only its CPU row runs). It always exits 0 and ends with a one-line
+without a GPU only its CPU row runs), and memory shares that hold (``scripts/memcap_check.py``: a
+child process with a share's torch memory fraction allocates within it and runs out of memory past
+it, a neighbour untouched; ``--no-memcap`` skips it). It always exits 0 and ends with a one-line
 summary; with ``--out`` it also writes the raw captures and both topologies as JSON.
 """
 
@@ -71,6 +73,7 @@ def main() -> int:
     ap.add_argument("--health-seconds", type=float, default=5.0, help="how long to run the health probe")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for captures and JSON (default $OUT)")
     ap.add_argument("--no-transport", action="store_true", help="skip the tensor transport checks")
+    ap.add_argument("--no-memcap", action="store_true", help="skip the memory-share checks")
     ap.add_argument("--transport-sizes", default="64,256", help="MiB for the transport checks (default 64,256)")
     args = ap.parse_args()
     out_dir = Path(args.out) if args.out else None
@@ -162,10 +165,11 @@ def main() -> int:
     checks = _doctor(mine) if mine else []
     events = _health(mine, args.health_seconds) if mine else None
     transport = "transport not run" if args.no_transport else _transport(args.transport_sizes)
+    shares = "memcap not run" if args.no_memcap else _memcap()
     print(f"\nSUMMARY: backend {'ok' if mine else 'unavailable'}; {n} devices; {nv} NVLink pairs; "
           f"capture import {'ok' if theirs else 'skipped'}; {mismatches} mismatches; doctor "
           f"{sum(c.status == 'fail' for c in checks)} fail / {sum(c.status == 'warn' for c in checks)} warn; "
-          f"health watcher {'not run' if events is None else f'{len(events)} event(s)'}; {transport}")
+          f"health watcher {'not run' if events is None else f'{len(events)} event(s)'}; {transport}; {shares}")
     return 0
 
 
@@ -179,6 +183,18 @@ def _transport(sizes: str) -> str:
     except Exception as e:  # noqa: BLE001 - a device script reports, it does not stop
         print(f"!! transport check raised {type(e).__name__}: {e}")
         return "transport check failed"
+
+
+def _memcap() -> str:
+    """Memory shares that hold on GPU 0 (scripts/memcap_check.py); its summary."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import memcap_check
+
+        return memcap_check.run()
+    except Exception as e:  # noqa: BLE001 - a device script reports, it does not stop
+        print(f"!! memcap check raised {type(e).__name__}: {e}")
+        return "memcap check failed"
 
 
 def _doctor(topo):

@@ -7,7 +7,8 @@ Facts: the Ray / rayaccel / Python versions, whether the worker hook is installe
 GPU-id function patched, GPU slots held by unhooked workers, the health watcher's error, arbiter
 resets, the node's NVLink domain as its published topology says (:func:`~rayaccel.doctor._fabric.domain_summary`:
 the domain, or why none), and the hardware checks of :func:`rayaccel.doctor.local_checks`
-(``n/a`` on a simulated node).
+(``n/a`` on a simulated node), and what caps a worker holding a share of a GPU there (``memory shares``:
+MPS, torch's memory fraction, or nothing; ``n/a`` on a simulated node).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from typing import Any
 
 from rayaccel._version import __version__ as _rayaccel_version
-from rayaccel.doctor import local_checks
+from rayaccel.doctor import Check, local_checks
 from rayaccel.doctor._fabric import domain_summary
 from rayaccel.ray import _ray_private as rp
 def node_facts(agent: Any) -> dict:
@@ -42,7 +43,33 @@ def node_facts(agent: Any) -> dict:
     except Exception as e:  # noqa: BLE001 - reported as one failed row, the other checks still run
         facts["checks"] = [{"name": "hardware checks", "status": "fail", "detail": f"could not run: {e}",
                             "fix": "see the node agent's log"}]
+    gpus = any(d.vendor in ("nvidia", "amd") for d in topology.devices)
+    facts["checks"].append(share_check(simulated=agent.record.simulated, gpus=gpus).to_dict())
     return facts
+
+
+def share_check(*, simulated: bool, gpus: bool = True, env: Any = None, torch_present: bool | None = None) -> Check:
+    """The ``memory shares`` row: what caps a worker holding a share of a GPU on this node
+    (:mod:`rayaccel.ray.worker.memcap`): the MPS daemon, else torch's memory fraction, else nothing."""
+    from rayaccel.ray.worker import memcap
+
+    if not gpus:
+        return Check("memory shares", "n/a", "no NVIDIA or AMD GPU on this node: no memory share to cap")
+    pipe = memcap.mps_pipe(env)
+    if simulated:
+        return Check("memory shares", "n/a", "simulated node: no device, nothing enforces a share's memory cap"
+                     + (f" (an MPS pipe directory {pipe} is there: workers get its variables)" if pipe else ""))
+    if pipe is not None:
+        return Check("memory shares", "ok", f"MPS control daemon at {pipe}: a share's workers get "
+                     f"{memcap.MPS_MEM_ENV} and {memcap.MPS_THREADS_ENV} (every framework), and torch's memory "
+                     "fraction where they use torch")
+    has_torch = memcap.torch_present() if torch_present is None else torch_present
+    if has_torch:
+        return Check("memory shares", "ok", "no MPS daemon: a share is capped by torch's per-process memory "
+                     "fraction (PyTorch allocations only; the MPS control daemon would cap every framework)")
+    return Check("memory shares", "warn", "no MPS daemon and no PyTorch here: nothing caps a worker holding a "
+                 "share (num_gpus < 1, gpu_memory) to it", "run the MPS control daemon (nvidia-cuda-mps-control -d) "
+                 "or install torch in the workers' environment")
 
 
 def _hook_facts() -> tuple[bool, bool]:

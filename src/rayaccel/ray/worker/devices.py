@@ -9,7 +9,8 @@ For ``rayaccel.remote`` work, :func:`setup` (actors) and :func:`run_task` (tasks
 first have the arbiter decide the grant, once, with the request's constraints
 (:func:`.hook.decide_with`: the hook leaves such grants to them), set
 ``RAYACCEL_GPU_MEMORY_BYTES`` (the tiered store's device budget) for ``gpu_memory``
-requests and, on real devices with PyTorch, cap torch's memory to that share.
+requests. The hook caps the memory of every share (fractional ``num_gpus`` or ``gpu_memory``) as
+:mod:`.memcap` says; :attr:`Assignment.memory_cap` names the cap and what enforces it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rayaccel.arbiter.state import GPU
 from rayaccel.errors import ClusterError
 from rayaccel.topology import Device, Link, Partition
 from rayaccel.ray.worker import hook
+from rayaccel.ray.worker.memcap import MemoryCap
 _ENV_KEYS = ("RAYACCEL_GPU_MEMORY_BYTES",)
 
 
@@ -41,6 +43,9 @@ class Assignment:
         nics: the RDMA NICs nearest the devices (UCX ``device:port``), empty when none sits at
             PIX/PXB from them. ``UCX_NET_DEVICES`` names those of them this host has (sysfs), unless
             the user set it: a simulated node's NICs are named here but never given to UCX.
+        memory_cap: for a share of a GPU (fractional ``num_gpus``, ``gpu_memory``), its cap: bytes per
+            device and what enforces it (``"mps"``, ``"torch"``, or None with the reason); None for
+            whole devices.
     """
 
     node_id: str
@@ -56,6 +61,7 @@ class Assignment:
     simulated: bool = False
     shared: bool = False
     nics: tuple[str, ...] = ()
+    memory_cap: MemoryCap | None = None
 
     def __iter__(self) -> Iterator[Device]:
         return iter(self.devices)
@@ -106,10 +112,22 @@ def get_devices() -> Assignment:
     links = tuple(l for l in topo.links if l.a in idx and l.b in idx)
     intended, applied = hook.affinity()
     gpu_mem = os.environ.get("RAYACCEL_GPU_MEMORY_BYTES")
+    cap = _memory_cap(ns, cur, tuple(gpu))
     return Assignment(node_id=_node_id(), devices=devices, partitions=parts, links=links, memory_bytes=mem,
                       gpu_memory_bytes=int(gpu_mem) if gpu_mem else None, visible_env=ns.env_var,
                       visible=os.environ.get(ns.env_var), cpus_intended=intended, cpus_applied=applied,
-                      simulated=ns.record.simulated, shared=shared, nics=hook.nics())
+                      simulated=ns.record.simulated, shared=shared, nics=hook.nics(),
+                      memory_cap=cap)
+
+
+def _memory_cap(ns: Any, cur: Any, fractions: tuple[float, ...]) -> MemoryCap | None:
+    from rayaccel.ray.worker import memcap
+
+    gm = getattr(cur.request, "gpu_memory", None)
+    if gm is None and os.environ.get("RAYACCEL_GPU_MEMORY_BYTES"):  # a gpu_memory share: Ray's fraction is its bytes
+        gm = int(os.environ["RAYACCEL_GPU_MEMORY_BYTES"])
+    share = memcap.share_of(fractions, cur.devices, hook.device_bytes(ns), gm)
+    return memcap.cap_now(share, simulated=ns.record.simulated)
 
 
 def _node_id() -> str:
@@ -125,9 +143,6 @@ def setup(spec: Any) -> dict[str, str | None]:
     req = spec.request
     if req.gpu_memory is not None:
         os.environ["RAYACCEL_GPU_MEMORY_BYTES"] = str(req.gpu_memory)
-        ns = hook.node()
-        if ns is not None and not ns.record.simulated:
-            _torch_memory_fraction(req.gpu_memory)
     else:
         os.environ.pop("RAYACCEL_GPU_MEMORY_BYTES", None)
     return saved
@@ -140,19 +155,6 @@ def teardown(saved: dict[str, str | None]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-
-
-def _torch_memory_fraction(nbytes: int) -> None:
-    try:
-        import torch  # optional, and heavy: only on real devices with a memory share
-    except ImportError:
-        return
-    if not torch.cuda.is_available():
-        return
-    a = get_devices()
-    if not a.devices or not a.devices[0].memory_bytes:
-        return
-    torch.cuda.set_per_process_memory_fraction(min(1.0, nbytes / a.devices[0].memory_bytes), 0)
 
 
 def run_task(fn: Any, spec: Any, args: tuple, kwargs: dict) -> Any:

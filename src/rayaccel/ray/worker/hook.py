@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, NamedTuple
@@ -48,8 +49,8 @@ from rayaccel.arbiter.statefile import Arbiter
 from rayaccel.arbiter.table import NodeTable, decode_table
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp
-from rayaccel.contract import (DEVICES_ENV, NIC_ENV_ENV, NODE_DIR_ENV, RECORD_FILE, REMOTE_MODULE, TABLE_FILE,
 from rayaccel.contract import NODE_VISIBLE_ENV, ZERO_GPU_ENV
+from rayaccel.contract import (DEVICES_ENV, NIC_ENV_ENV, NODE_DIR_ENV, RECORD_FILE, REMOTE_MODULE, TABLE_FILE,
                                UCX_NET_DEVICES, drain_target, format_devices, host_netdevs, host_rdma_devices,
                                nic_env_values, parse_nic_env)
 
@@ -370,11 +371,14 @@ def _after_set_visible(saved: dict) -> dict:
             _restore(var, value)
         os.environ.pop(DEVICES_ENV, None)
         _apply_affinity(None)
+        if ns.gpus:
+            _memory_cap(ns, None)
         return saved
     if ns.gpus:
         ids = ",".join(str(i) for i in cur.ids)
         if os.environ.get(ns.env_var) != ids:  # Ray wrote CUDA_VISIBLE_DEVICES from these ids already
             os.environ[ns.env_var] = ids
+        _memory_cap(ns, cur)
     devs = _indices(ns, cur)
     os.environ[DEVICES_ENV] = format_devices(devs)
     cpus: set[int] = set()
@@ -393,6 +397,27 @@ def _after_set_visible(saved: dict) -> dict:
             user = ns.user_nic_env.get(var)
             _restore(var, user if user is not None else value)
     return saved
+
+
+def _memory_cap(ns: _NodeSide, cur: Current | None) -> None:
+    """A share of a GPU (a slot fraction < 1, or ``gpu_memory``): cap this worker's memory (:mod:`.memcap`).
+    A whole-GPU grant in a worker that never held a share returns at once (memcap is not even imported)."""
+    fr = dict(cur.sig[1]).get(GPU, ()) if cur is not None else ()
+    gm = getattr(cur.request, "gpu_memory", None) if cur is not None else None
+    if not (fr and fr[0][1] < 1 - 1e-6) and gm is None and "rayaccel.ray.worker.memcap" not in sys.modules:
+        return
+    from rayaccel.ray.worker import memcap
+
+    try:
+        share = memcap.share_of(tuple(f for _, f in fr), cur.devices, device_bytes(ns), gm) if cur is not None else None
+        memcap.apply(share, simulated=ns.record.simulated)
+    except Exception as e:  # noqa: BLE001 - never break the task for its cap: say so, it runs uncapped
+        log.error("rayaccel hook: could not cap this worker's share of its GPU: %s", e)
+
+
+def device_bytes(ns: _NodeSide) -> dict[int, int]:
+    """Device index -> memory in bytes, from the node's topology (loads the record: shares only)."""
+    return {d.index: d.memory_bytes for d in ns.topology.devices if d.memory_bytes}
 
 
 def _family_env(ns: _NodeSide, t: Any, units: tuple | None) -> None:
