@@ -127,3 +127,16 @@ def meet(b, n: int, timeout_s: float = 120.0) -> None:
     deadline = time.time() + timeout_s
     while ray.get(b.arrived.remote()) < n and time.time() < deadline:
         time.sleep(0.05)
+
+
+def needs_train_v2() -> None:
+    """Skip where Ray Train's v2 worker groups are not the default (Ray < 2.51 without RAY_TRAIN_V2_ENABLED=1):
+    Train v1 gives every worker of a node the union of that node's workers' devices."""
+    import os
+
+    import pytest
+
+    from rayaccel.ray import _ray_private as rp
+
+    if rp.release_tuple() < (2, 51) and os.environ.get("RAY_TRAIN_V2_ENABLED", "") not in ("1", "true"):
+        pytest.skip(f"Ray {rp.release()} does not carry Ray Train v2 worker groups by default (Ray >= 2.51)")

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from raytest_helpers import wait_for
+from raytest_helpers import needs_train_v2, wait_for
 
 pytestmark = [pytest.mark.ray]
 
@@ -131,6 +131,7 @@ def test_trn1_five_two_core_actors_then_an_eight_core_torus_ring(accel):
 
 
 def test_ray_train_worker_group_on_neuron_cores(accel, tmp_path):
+    needs_train_v2()
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -161,6 +162,7 @@ def test_ray_train_worker_group_on_gaudi(accel, tmp_path):
     manager, which needs Habana's torch build (``torch.hpu``) -- absent on a CPU machine. The
     framework-agnostic DataParallelTrainer gets the very same worker group from Ray Train.
     """
+    needs_train_v2()
     from ray.train import ScalingConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 

@@ -77,7 +77,16 @@ def test_every_tray_carries_its_ray_gpu_domain_label(idle_trays):
         assert labels[n.node_id]["rayaccel.io/node-key"] == n.node_key  # rayaccel's own labels are kept
 
 
+def _needs_topology_strategy():
+    from rayaccel.ray import _ray_private as rp
+
+    if not rp.capabilities()[rp.TOPOLOGY_STRATEGY.name]:
+        pytest.skip(f"Ray {rp.release()} does not carry {rp.TOPOLOGY_STRATEGY.name} "
+                    f"(Ray >= {rp.TOPOLOGY_STRATEGY.since_text})")
+
+
 def test_an_unchanged_ray_topology_strategy_group_lands_in_one_domain(idle_trays):
+    _needs_topology_strategy()
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
