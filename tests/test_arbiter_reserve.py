@@ -100,3 +100,25 @@ def test_no_whole_unit_bundle_or_no_room_reserves_nothing(dgx1):
     assert res is None and st is st0
     st, res = reserve_group(st0, "dd", "GPU", {0: 9.0}, table, chooser=chooser, alive=lambda p: True, now=1.0)
     assert res is None and st is st0
+
+
+def test_a_bundles_unused_device_stays_its_own_while_a_member_holds_part_of_it(dgx1):
+    """Two 1-GPU members of one {"GPU": 2} bundle: the first takes one reserved device; work outside the
+    group never takes the other, so the second member gets it."""
+    _, table, chooser = dgx1
+    st, res = reserve_group(fresh_state(table.pools()), "ee", "GPU", {0: 2.0}, table, chooser=chooser,
+                            alive=lambda p: True, now=1.0)
+    pair = res.bundles[0]
+    st, g1 = _decide(st, GrantRequest(pid=1, key="actor:a", slots={"GPU": ((0, 1.0),)}, pg="ee", bundle=0), table,
+                     chooser)
+    assert g1.devices == pair[:1]
+    # other work asking for every other device waits: the pair's other device is not free for it
+    _, g = _decide(st, GrantRequest(pid=2, key="task:x", slots={"GPU": tuple((s, 1.0) for s in range(1, 8))}),
+                   table, chooser)
+    assert g.waiting is not None and g.blocked_by == {"ee"}
+    st, g = _decide(st, GrantRequest(pid=2, key="task:x", slots={"GPU": tuple((s, 1.0) for s in range(2, 8))}),
+                    table, chooser)
+    assert g.waiting is None and pair[1] not in g.devices
+    st, g2 = _decide(st, GrantRequest(pid=3, key="actor:b", slots={"GPU": ((1, 1.0),)}, pg="ee", bundle=0), table,
+                     chooser)
+    assert g2.devices == pair[1:]

@@ -208,8 +208,10 @@ def _settle_drains(pools: dict, holders: Mapping[int, Holder], pinned: dict[str,
 
 
 def _reserved(holders: Mapping[int, Holder], pgs: Mapping[str, Reservation], req: GrantRequest,
-              resource: str) -> dict[Any, str]:
-    """unit -> group, for units reserved to members of other groups (or other bundles) not here yet."""
+              resource: str, held: frozenset | set = frozenset()) -> dict[Any, str]:
+    """unit -> group, for units reserved to members of other groups (or other bundles) and not ``held`` by a
+    live holder (a bundle's members may hold part of it: a 0.5 share of a two-device bundle leaves its other
+    device reserved for the bundle's next member)."""
     if not pgs:
         return {}
     present: dict[str, set] = {}
@@ -221,8 +223,14 @@ def _reserved(holders: Mapping[int, Holder], pgs: Mapping[str, Reservation], req
         if r.resource != resource:
             continue
         for b, us in r.bundles.items():
-            if (g == req.pg and b == req.bundle) or b in present.get(g, ()):
-                continue  # our own bundle, or a member that holds its units: pinned anyway
+            if g == req.pg and b == req.bundle:
+                continue  # our own bundle
+            if b in present.get(g, ()):
+                # members are here: what they hold is pinned anyway; the rest stays the bundle's while they sit
+                # on its reservation (a member that had to choose elsewhere releases it, as before)
+                if not any(u in held for u in us):
+                    continue
+                us = [u for u in us if u not in held]
             for u in us:
                 out[u] = g
     return out
@@ -242,7 +250,7 @@ def _units(r: str, slots: tuple, pools: dict, holders: dict, pgs: dict, drained:
         return (u,), None, frozenset()
     mine = sorted(s for s, _ in slots)
     cand = [s for s in range(len(pool)) if s not in pinned]
-    reserved = _reserved(holders, pgs, req, r)
+    reserved = _reserved(holders, pgs, req, r, {pool[s] for s in pinned})
     avail = frozenset(u for u in (pool[s] for s in cand) if dev.get(u) not in drained and u not in reserved)
     want, why = _pick(r, avail, len(mine), bool(frac), pgs, req, chooser, now)
     if want is None:
@@ -320,7 +328,7 @@ def reserve_group(st: ArbiterState, pg: str, resource: str, pg_bundles: Mapping[
             continue
         pinned.update(s for s, _ in h.slots.get(resource, ()))
     req = GrantRequest(pid=-1, key="reservation", pg=pg, pg_bundles=pg_bundles)
-    reserved = _reserved(holders, st.pgs, req, resource)
+    reserved = _reserved(holders, st.pgs, req, resource, {pool[s] for s in pinned if 0 <= s < len(pool)})
     dev = t.device_of
     avail = frozenset(u for s, u in enumerate(pool)
                       if s not in pinned and dev.get(u) not in st.drained and u not in reserved)
