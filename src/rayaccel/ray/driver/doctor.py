@@ -21,8 +21,8 @@ from typing import Any, Mapping
 from rayaccel._version import __version__ as _rayaccel_version
 from rayaccel.errors import ClusterError
 
-from rayaccel.ray.node import agent
 from rayaccel.ray import _ray_private as rp
+from rayaccel.ray.node import agent
 from rayaccel.ray.driver.view import view
 
 #: GPU requests waiting longer than this are reported, seconds.
@@ -116,6 +116,8 @@ def version_rows(facts: dict[str, dict], *, ray_driver: str, rayaccel_driver: st
                             f"install the same {pkg} on every node (pip install '{pkg}=={distinct[-1]}') "
                             f"and restart them"))
     return rows
+
+
 def feature_row(carried: Mapping[str, bool], release: str) -> Row:
     """One row: the Ray features rayaccel uses that this Ray ``release`` lacks, each with the release bringing it.
 
@@ -131,8 +133,6 @@ def feature_row(carried: Mapping[str, bool], release: str) -> Row:
                                                   for f in missing),
                f"pip install 'ray[serve,train]>={need[0]}.{need[1]},<2.61' on every node and restart them "
                "(docs/compatibility-ray.md)")
-
-
 
 
 def _node_rows(key: str, f: dict) -> list[Row]:
