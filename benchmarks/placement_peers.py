@@ -10,7 +10,7 @@ MI210 KFD capture, transcribed as data in tests/peers/*.json. A case is
 weights and the modeled all-reduce, and better on at least one (for one device:
 on what is left for later jobs); *answers* when the peer refuses a request
 rayaccel can serve (its static policy knows only sizes 1, 2, 4, 8). *Worse*
-would be a regression (tests/test_placement_peers.py fails on it).
+would be a regression (tests/placement/test_placement_peers.py fails on it).
 
 Run: python benchmarks/placement_peers.py [--list]
 """
@@ -22,7 +22,7 @@ import sys
 
 from _placement_common import ROOT
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "placement"))
 
 import peer_suites as P  # noqa: E402
 

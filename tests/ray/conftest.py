@@ -2,7 +2,7 @@
 
 * ``sim_cluster`` (session): a 3-node SimulatedCluster -- DGX-1 V100 (head), an A100 in
   MIG mode, an 8-GPU two-socket PCIe box -- for multi-node behaviour.
-* ``dgx1`` (module, in test_done_when.py): an embedded ``rayaccel.init(topology="dgx1-v100")``.
+* ``dgx1`` (module, in test_unchanged_ray_code.py): an embedded ``rayaccel.init(topology="dgx1-v100")``.
 
 Ray runs without token auth, in a private temp dir, with rayaccel's node state in a
 private directory too, and is always shut down. Only one driver connection exists
