@@ -98,6 +98,12 @@ TABLE_FILE = "table.json"
 #: The arbiter's state and its lock (:mod:`rayaccel.arbiter.statefile`).
 STATE_FILE = "arbiter.state"
 LOCK_FILE = "arbiter.lock"
+#: What the node's agent does with the workers of a device its health watcher drains (``rayaccel start
+#: --on-failed-gpu``; :mod:`rayaccel.ray.node.failpolicy`), format :data:`FAILED_GPU_SCHEMA`; absent: ``leave``.
+FAILED_GPU_FILE = "on-failed-gpu.json"
+#: ``leave`` (the default: work on it runs on, or hangs, until it ends); ``end-workers``: its holders are killed,
+#: so Ray restarts them (``max_restarts``) or retries their tasks on a healthy device.
+FAILED_GPU_MODES = ("leave", "end-workers")
 
 # ---------------------------------------------------------------- formats another process reads
 # Each carries its id in a ``schema`` field; a reader refuses an id it does not know, naming it. A record
@@ -112,11 +118,13 @@ TABLE_SCHEMA = "rayaccel.table/1"
 AGENT_SCHEMA = "rayaccel.agent/1"
 #: The arbiter's state file (marshal, with a checksum).
 STATE_SCHEMA = "rayaccel.arbiter/2"
+#: The node's failed-GPU policy (:data:`FAILED_GPU_FILE`).
+FAILED_GPU_SCHEMA = "rayaccel.on-failed-gpu/1"
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
-__all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
+__all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "FAILED_GPU_FILE", "FAILED_GPU_MODES", "FAILED_GPU_SCHEMA", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
            "NAMESPACE", "NIC_ENV_ENV", "NODE_VISIBLE_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL",
            "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
            "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "ZERO_GPU_ENV", "ZERO_GPU_MODES", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",

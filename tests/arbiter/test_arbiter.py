@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import zlib
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -283,3 +284,30 @@ def test_property_no_device_is_ever_held_twice(tmp_path_factory, seq, machine):
                 if f >= 1:
                     assert d not in shared, f"device {d} shared and held whole"
                 target[d] = p
+
+
+@pytest.mark.parametrize("machine", ["dgx1-v100", "pcie-8gpu-2socket"])
+def test_a_gang_member_restarted_off_a_drained_device_lands_next_to_its_peers(tmp_path, machine):
+    """Its reserved device drained (a failed GPU), the member's new device is the free one nearest its peers."""
+    from rayaccel.transfer import Endpoint, locality_cost
+
+    def cost(d, peers):
+        return locality_cost(Endpoint("n", d, node.topo), [(Endpoint("n", p, node.topo), 1 << 30) for p in peers])
+
+    node = Node(tmp_path, machine)
+    pg = {b: 1.0 for b in range(3)}
+    got = {}
+    for b in range(3):
+        pid, g = node._arrive([(b, 1.0)], pg="ab12", bundle=b, pg_bundles=pg if b == 0 else None)
+        got[b] = (pid, g.devices[0])
+    failed = got[1][1]
+    node.arb.drain(failed, "Xid 79", by="health")
+    node.release(got[1][0])  # the member is ended (on-failed-gpu=end-workers); Ray restarts it
+    _, g = node._arrive([(1, 1.0)], pg="ab12", bundle=1)
+    new = g.devices[0]
+    peers = (got[0][1], got[2][1])
+    free = [d for d in range(8) if d not in (*peers, failed)]
+    assert new in free
+    best = min(cost(d, peers) for d in free)
+    assert cost(new, peers) == best, (new, free)
+    assert node.arb.read().pgs["ab12"].bundles[1] == (new,)  # the group keeps it: a later restart gets it again

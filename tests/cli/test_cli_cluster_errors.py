@@ -114,6 +114,13 @@ def test_start_checks_zero_gpu_tasks():
     assert "expected see-none or see-all" in r.stderr
 
 
+@pytest.mark.parametrize("bad", ["end_workers", "kill", ""])
+def test_start_checks_on_failed_gpu_before_anything_starts(bad):
+    r, _ = _cli("start", "--head", "--topology", "dgx1-v100", f"--on-failed-gpu={bad}")
+    _one_error(r)
+    assert "expected leave or end-workers" in r.stderr
+
+
 def test_stop_without_any_local_node_says_so():
     r, _ = _cli("stop", "--node", "abcdef123456")
     _one_error(r)

@@ -76,6 +76,45 @@ def test_an_injected_xid_79_drains_the_device_within_2_s_and_work_lands_elsewher
     wait_for(lambda: _dev_row("dgx1-v100", dev)["state"] == "free", 10, "device 3 back")
 
 
+def test_on_failed_gpu_end_workers_restarts_an_actor_on_a_healthy_device(cluster):
+    """``--on-failed-gpu=end-workers``: an Xid on an actor's device ends the actor; Ray restarts it elsewhere."""
+    import ray
+
+    from rayaccel.ray.node import failpolicy
+
+    dgx = node_named(cluster, "dgx1-v100")
+    h = _agent(dgx.node_key)
+
+    @ray.remote(num_gpus=1, max_restarts=1, label_selector={"rayaccel.io/topology": "dgx1-v100"})
+    class Worker:
+        def where(self):
+            return os.getpid(), rayaccel.get_devices().indices[0], int(ray.get_gpu_ids()[0])
+
+    failpolicy.write(dgx.directory, "end-workers")  # what `rayaccel start --on-failed-gpu=end-workers` writes
+    a = Worker.remote()
+    pid, dev, _ = ray.get(a.where.remote(), timeout=60)
+    try:
+        h.ask("inject", "xid", dev, xid=79)
+        wait_for(lambda: _dev_row("dgx1-v100", dev)["state"] in ("drained", "draining"), 10, "the device drained")
+
+        def restarted():
+            try:
+                got = ray.get(a.where.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                return None  # restarting
+            return got if got[0] != pid else None
+
+        new_pid, new_dev, ray_id = wait_for(restarted, 60, "the actor restarted")
+        assert new_dev != dev and ray_id == new_dev
+        ev = next(e for e in reversed(h.ask("snapshot").health["events"]) if e["device"] == dev)
+        assert ev["ended"] == [pid]
+    finally:
+        failpolicy.write(dgx.directory, None)
+        ray.kill(a)
+        h.ask("undrain", dev)
+    wait_for(lambda: _dev_row("dgx1-v100", dev)["state"] == "free", 10, f"device {dev} back")
+
+
 def _train_avoids(dev, tmp_path):
     import ray
     from ray.train import RunConfig, ScalingConfig

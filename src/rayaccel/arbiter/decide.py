@@ -278,8 +278,29 @@ def _pick(r: str, avail: frozenset, k: int, shared: bool, pgs: dict, req: GrantR
                 mine = tuple(u for u in us if u in avail)[:k]
                 if len(mine) == k:
                     return mine, ""
-            # the reservation cannot be honoured (a device drained or taken meanwhile): choose afresh
+            # the reservation cannot be honoured (a device drained or taken meanwhile): choose afresh, next to
+            # the group's other members (a member restarted off a failed GPU stays near its peers), and keep it
+            peers = _peer_devices(res, req.bundle) if res is not None and r == GPU == res.resource and not shared else ()
+            if peers:
+                got, why = chooser.choose(r, avail, k, _near(req.request, k, peers))
+                if got:
+                    pgs[req.pg] = res._replace(bundles={**res.bundles, req.bundle: tuple(got)})
+                return got, why
     return chooser.choose(r, avail, k, None if shared else req.request)
+
+
+def _peer_devices(res: Reservation, bundle: int) -> tuple[int, ...]:
+    """The units the group's other bundles hold on this node (of ``GPU``: device indices)."""
+    return tuple(sorted({u for b, us in res.bundles.items() if b != bundle for u in us}))
+
+
+def _near(request: Any, k: int, peers: tuple[int, ...]) -> Any:
+    """``request`` (or a plain ``k``-device one) preferring devices near ``peers`` (imported only here: rare)."""
+    from dataclasses import replace
+
+    from rayaccel.placement import Request
+
+    return Request(gpus=k, near=peers) if request is None else replace(request, near=peers)
 
 
 def _reserve(r: str, avail: frozenset, req: GrantRequest, pgs: dict, chooser: "Chooser", now: float) -> Reservation | None:

@@ -22,7 +22,8 @@ def _start(ctx: typer.Context,
            network_topology: Optional[str] = typer.Option(None, "--network-topology", help="A Slurm topology.conf or AWS describe-instance-topology JSON naming this node: its network levels become labels (rayaccel.io/net-l1, ...)."),
            instance_id: Optional[str] = typer.Option(None, "--instance-id", help="This node's EC2 instance id (with an AWS --network-topology file)."),
            nic_env: Optional[str] = typer.Option(None, "--nic-env", help="Also write these NIC variables at each grant, from the devices' near NICs (UCX_NET_DEVICES always): NCCL_IB_HCA, NVSHMEM_HCA_LIST, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME. A value the user set is kept."),
-           zero_gpu_tasks: Optional[str] = typer.Option(None, "--zero-gpu-tasks", help="What a task asking no GPU sees: see-none (default: no GPU) or see-all (plain Ray's: the node's GPUs).")) -> None:
+           zero_gpu_tasks: Optional[str] = typer.Option(None, "--zero-gpu-tasks", help="What a task asking no GPU sees: see-none (default: no GPU) or see-all (plain Ray's: the node's GPUs)."),
+           on_failed_gpu: Optional[str] = typer.Option(None, "--on-failed-gpu", help="When the health watcher drains a failed GPU (an Xid, a lost GPU): leave (default) its workers, or end-workers, so Ray restarts them on a healthy device.")) -> None:
     """Start a Ray node whose devices rayaccel manages (other flags go to `ray start`).
 
     CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD) set for the node, or --num-gpus smaller than the host's
@@ -37,7 +38,8 @@ def _start(ctx: typer.Context,
     from ..ray.node.lifecycle import start_node
 
     res = start_node(list(ctx.args), topology, publish=not no_publish, network_topology=network_topology,
-                     instance_id=instance_id, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks)
+                     instance_id=instance_id, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks,
+                     on_failed_gpu=on_failed_gpu)
     rec = res.record
     t = rec.topology
     what = t.name or t.hostname or "discovered"

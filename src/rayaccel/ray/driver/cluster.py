@@ -26,7 +26,7 @@ from rayaccel.errors import ClusterError
 from rayaccel.placement.pools import gpu_pool
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp, kv
-from rayaccel.ray.node import agent
+from rayaccel.ray.node import agent, failpolicy
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.driver import view
 from rayaccel.ray.node.preset import given
@@ -82,6 +82,7 @@ class SimulatedCluster:
             (``"NCCL_IB_HCA,NVSHMEM_HCA_LIST"``), as ``rayaccel start --nic-env``.
         zero_gpu_tasks: what a task asking no GPU sees on the rayaccel nodes (``see-none``, the default, or
             ``see-all``), as ``rayaccel start --zero-gpu-tasks``.
+        on_failed_gpu: ``leave`` (default) or ``end-workers``, as ``rayaccel start --on-failed-gpu``.
         ray_init_kwargs: passed to ``ray.init`` when connecting.
 
     A visible-devices variable in ``env`` (``CUDA_VISIBLE_DEVICES=4,5,6``) gives every node those devices of
@@ -97,7 +98,7 @@ class SimulatedCluster:
                  object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
                  metrics_export_port: int | None = None, labels: Sequence[dict | None] | None = None,
                  nic_env: str | Sequence[str] | None = None, dashboard: bool = False,
-                 zero_gpu_tasks: str | None = None, **ray_init_kwargs: Any):
+                 zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None, **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -109,6 +110,7 @@ class SimulatedCluster:
         extra = _check_labels(labels, len(topos))
         self.nic_env = nic_env_names(nic_env)  # a bad name fails before anything starts
         self.zero_gpu_tasks = zero_gpu_mode(zero_gpu_tasks)
+        self.on_failed_gpu = failpolicy.failed_gpu_mode(on_failed_gpu)
         self._given = [given(t, dict(env or {})) for t in topos]  # a bad preset fails before anything starts
         self._records: dict[str, NodeRecord] = {}
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -162,6 +164,7 @@ class SimulatedCluster:
                 base["labels"] = dict(labels)
             return base, None, None
         record, d = prepare(topo, simulated=True, preset=preset)
+        failpolicy.write(d, self.on_failed_gpu)
         self._records[record.node_key] = record
         num_gpus, res = node_resources(topo)
         env = {**self.env, **node_env(topo, record.node_key, d, base={**os.environ, **self.env},

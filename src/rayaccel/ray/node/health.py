@@ -4,7 +4,9 @@
 waits on the node's health probe (:func:`rayaccel.health.probe_for`: NVML
 Xid events, ECC, row remapping, retired pages, a GPU fallen off the bus, thermal
 and power throttling; amdsmi's equivalents). A critical event drains the device
-(:meth:`.agent.NodeAgent.drain`, ``by="health"``) within one poll; a warning is
+(:meth:`.agent.NodeAgent.drain`, ``by="health"``) within one poll, and with the node's
+``--on-failed-gpu=end-workers`` (:mod:`.failpolicy`) kills the workers on it so Ray restarts
+them on a healthy device (the event lists their pids under ``ended``); a warning is
 only recorded and shown. On a simulated node the probe runs over a
 :class:`~rayaccel.testing.fakenvml.FakeNVML` (or fake amdsmi) of the node's
 topology, so the same code path can be exercised by injecting faults
@@ -21,6 +23,7 @@ from typing import Any
 
 from rayaccel import health
 from rayaccel.errors import ClusterError
+from rayaccel.ray.node import failpolicy
 
 log = logging.getLogger(__name__)
 #: How long one probe wait lasts, seconds (a critical event drains within about this).
@@ -71,8 +74,12 @@ class Watcher:
         if ev.severity == "critical" or self.worst.get(ev.device) != "critical":
             self.worst[ev.device] = ev.severity
         if ev.severity == "critical":
-            log.error("rayaccel: device %s unhealthy (%s); draining it", ev.device, ev.detail)
-            self.agent.drain(ev.device, ev.detail, by="health")
+            end = failpolicy.ends_workers(getattr(self.agent, "dir", None))
+            log.error("rayaccel: device %s unhealthy (%s); draining it%s", ev.device, ev.detail,
+                      " and ending its workers (on-failed-gpu=end-workers)" if end else "")
+            done = self.agent.drain(ev.device, ev.detail, by="health", kill=end)
+            if end:
+                self.events[-1]["ended"] = list((done or {}).get("killed", []))
         else:
             log.warning("rayaccel: device %s: %s", ev.device, ev.detail)
 
