@@ -17,7 +17,10 @@ functions of the topology: no state, no I/O.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from ..topology import Device, NodeTopology
+from .migunits import dynamic_units
 
 #: Prefix of the Ray resource of a MIG profile's instances (:func:`mig_resource`).
 MIG_RESOURCE_PREFIX = "mig_"
@@ -38,16 +41,23 @@ def gpu_pool(topology: NodeTopology) -> tuple[int, ...]:
     return tuple(d.index for d in sorted(topology.devices, key=lambda d: d.index) if in_gpu_pool(d))
 
 
-def mig_pools(topology: NodeTopology) -> dict[str, tuple[str, ...]]:
+def mig_pools(topology: NodeTopology, dynamic: Iterable[int] = ()) -> dict[str, tuple[str, ...]]:
     """MIG resource (:func:`mig_resource`) -> its instances' :attr:`~rayaccel.topology.Partition.key`.
 
     Ordered by parent device index, then GPU-instance id (instances without one last,
     by key); resources in the order their first instance appears. Instances of failed
-    devices are left out.
+    devices are left out. A GPU in ``dynamic`` (re-partitioned by the node's agent,
+    :mod:`.dynmig`) offers every instance it could hold instead: one unit per profile and
+    placement (:func:`~.migunits.dynamic_units`, ``"0:1g.5gb@2"``), existing or not.
     """
     pools: dict[str, list[str]] = {}
+    dyn = frozenset(dynamic)
     for d in sorted(topology.devices, key=lambda d: d.index):
         if d.health == "failed":
+            continue
+        if d.index in dyn:
+            for profile, units in dynamic_units(d).items():
+                pools.setdefault(mig_resource(profile), []).extend(units)
             continue
         for p in sorted(d.partitions, key=lambda p: (p.gi_id if p.gi_id is not None else 1 << 30, p.key)):
             pools.setdefault(mig_resource(p.profile), []).append(p.key)

@@ -40,6 +40,7 @@ from typing import Any
 from rayaccel.topology import Device, Link, MigProfile, NodeTopology, Partition
 from rayaccel.discovery import _nvml_api
 from rayaccel.testing._fakenvml_handles import _deref, _Handle, is_nvswitch_topology
+from rayaccel.testing._fakenvml_mig import CONSTANTS as _MIG_CONSTANTS, FakeNVMLMig
 from rayaccel.testing._fakenvml_ops import FakeNVMLOps
 from rayaccel.discovery._nvml_api import (
     NVMLError, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
@@ -116,7 +117,7 @@ def _nvlink_version(link: Link) -> int:
 CALLS_KEPT = 10_000
 
 
-class FakeNVML(FakeNVMLOps):
+class FakeNVML(FakeNVMLMig, FakeNVMLOps):
     """An object usable in place of the ``pynvml`` module, answering from ``topology``.
 
     Args:
@@ -148,6 +149,9 @@ class FakeNVML(FakeNVMLOps):
             while bus in taken and not d.pci_bus_id:
                 bus = _bus(0xFA01, 0x10 + i)
             self._devices.append(_FakeDevice(d, bus))
+        self._gi_cls = _GpuInstance
+        #: MIG UUIDs a process runs on (destroying their compute instance is IN_USE)
+        self.mig_in_use: set[str] = set()
         self._build_nvlinks(topology)
         for fd in self._devices:
             self._build_mig(fd)
@@ -460,3 +464,5 @@ for _name, _value in list(globals().items()):
     if _name.startswith(("NVML_", "c_nvml", "nvmlPciInfo_t", "struct_c_nvml", "nvmlEvent", "nvmlClocks",
                          "nvmlGpuFabricInfo_v")) or _name == "NVMLError":
         setattr(FakeNVML, _name, _value)
+for _name, _value in _MIG_CONSTANTS.items():
+    setattr(FakeNVML, _name, _value)
