@@ -42,6 +42,10 @@ TOPOLOGY_ENV = "RAYACCEL_TOPOLOGY"
 STATE_DIR_ENV = "RAYACCEL_STATE_DIR"
 #: A ``gpu_memory`` share's bytes, for the tiered store's device budget inside a worker.
 GPU_MEMORY_ENV = "RAYACCEL_GPU_MEMORY_BYTES"
+#: The device memory a producer's ``rayaccel``-transport objects may hold before the least recently used spill to
+#: host memory and disk (``"8GiB"``; :mod:`rayaccel.memory.held`); unset: the worker's ``gpu_memory`` share
+#: (:data:`GPU_MEMORY_ENV`), and without one no budget (objects stay on the device until freed, as in Ray).
+RDT_DEVICE_BYTES_ENV = "RAYACCEL_RDT_DEVICE_BYTES"
 #: Forces the tensor transport's path (diagnostics): ``ipc``, ``shm``, ``nixl`` or ``object_store``.
 RDT_PATH_ENV = "RAYACCEL_RDT_PATH"
 #: Where the kernel lists this host's RDMA devices, and the variable naming another place (a container
@@ -126,7 +130,7 @@ _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
 __all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "FAILED_GPU_FILE", "FAILED_GPU_MODES", "FAILED_GPU_SCHEMA", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
            "NAMESPACE", "NIC_ENV_ENV", "NODE_VISIBLE_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL",
-           "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
+           "RDT_DEVICE_BYTES_ENV", "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
            "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "ZERO_GPU_ENV", "ZERO_GPU_MODES", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",
            "kv_key", "label_value", "load_json", "new_node_key", "nic_env_values", "parse_devices", "parse_nic_env", "valid_key"]
 

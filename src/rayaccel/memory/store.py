@@ -152,6 +152,9 @@ class Store(_share.Sharing, TierMoves):
         self.remote_fetch: Callable[[Any, str], np.ndarray] | None = None
         #: hook the Ray layer sets: add a cross-node fallback to an export
         self.export_hook: Callable[[Any, np.ndarray | None], Any] | None = None
+        #: called as ``on_move(key, from_tier, to_tier)`` after each move of one object, under the store's lock
+        #: (:class:`~.held.HeldObjects` learns which of its objects left the device)
+        self.on_move: Callable[[int, str, str], None] | None = None
         self._entries: dict[int, Entry] = {}
         self._lru: dict[str, OrderedDict[int, Entry]] = {t: OrderedDict() for t in TIERS}
         self._used = dict.fromkeys(TIERS, 0)

@@ -140,6 +140,8 @@ class TierMoves:
             self._free(old, src)
         del old
         self._transfers.record(f"{src}->{target}", n, seconds)
+        if self.on_move is not None:
+            self.on_move(e.key, src, target)
 
     def _free(self, buf: Any, tier: str) -> None:
         pool = self._backend.device_pool if tier == "device" else self._backend.host_pool

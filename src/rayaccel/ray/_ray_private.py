@@ -556,6 +556,44 @@ def rdt_manager(name: str) -> Any:
     from ray.experimental.rdt.util import get_tensor_transport_manager
 
     return get_tensor_transport_manager(name)
+
+
+def rdt_swap(obj_id: str, tensors: list) -> bool:
+    """Make Ray's RDT store of this process reference ``tensors`` as object ``obj_id``'s (same count and order).
+
+    The ``rayaccel`` transport spills a held object beyond its producer's device budget
+    (:mod:`rayaccel.memory.held`): Ray's store must let go of the device tensors (it gets meta-device
+    placeholders) and get the restored ones back. Ray 2.56+ keeps ``RDTStore._rdt_store[obj_id]``, a deque
+    of ``_RDTObject(data, ...)`` whose first entry is the primary copy, and ``_tensor_to_object_ids``
+    (``id(tensor)`` -> object ids, what ``wait_tensor_freed`` waits on), both under ``RDTStore._lock``.
+    Returns False when Ray holds no such object here (or no RDT store exists in this process).
+    """
+    try:
+        from ray._private.worker import global_worker
+
+        store = global_worker.rdt_manager.rdt_store
+    except (ImportError, AttributeError):
+        return False
+    with store._lock:
+        queue = store._rdt_store.get(obj_id)
+        if not queue:
+            return False
+        entry = queue[0]
+        if len(entry.data) != len(tensors):
+            return False
+        for old in entry.data:
+            ids = store._tensor_to_object_ids.get(id(old))
+            if ids is not None:
+                ids.discard(obj_id)
+                if not ids:
+                    store._tensor_to_object_ids.pop(id(old), None)
+        for new in tensors:
+            store._tensor_to_object_ids[id(new)].add(obj_id)
+        entry.data = list(tensors)
+        store._object_freed_cv.notify_all()
+    return True
+
+
 #: The concurrency group RDT adds to tensor-transport actors for its abort calls (one thread).
 RDT_SERVE_GROUP = "_ray_system_error"
 

@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -152,6 +153,8 @@ class RayaccelTransport(TensorTransportManager):
         self.registrations = Registrations()  # NIXL registrations kept while a tensor's memory lives
         # a consumer on this node asked for a segment once: prepare every CPU object's at once from now
         self._local_readers = False
+        #: objects held beyond the producer's device budget spill (:mod:`rayaccel.memory.held`); None: no budget
+        self.held = _held_objects(self._swap)
         _MANAGER = self
 
     # ------------------------------------------------------------------ Ray's interface
@@ -211,10 +214,13 @@ class RayaccelTransport(TensorTransportManager):
                     meta.shm_error, meta.packed = meta.packed, None
         elif meta.tensor_device == "cuda":
             synchronize(tensors)
-            meta.ipc = ipc_handles(tensors)
+            # under a budget the handles are asked for (serve "ipc"): an object not mapped yet may spill meanwhile
+            meta.ipc = ipc_handles(tensors) if self.held is None else None
             meta.devices = tuple(local.physical(t.device.index) for t in tensors)
         with self._lock:
             self._produced[obj_id] = st
+        if self.held is not None:
+            self.held.add(obj_id, st.tensors)
         small = meta.nbytes <= EAGER_BYTES
         if (me.actor is None or (small and local.other_nodes())) and local.nixl()[0]:
             # a driver's ray.put: no actor a remote consumer could ask later; a small object in a
@@ -241,7 +247,11 @@ class RayaccelTransport(TensorTransportManager):
         if st is None:
             raise TransportError(f"object {obj_id} is no longer held by its producer (pid {os.getpid()}): "
                                  "freed, or the actor restarted", obj_id)
-        with st.lock:
+        with st.lock, self._reading(obj_id):
+            if kind == "ipc":  # under a budget: the handles, and the object stays on the device from now on
+                synchronize(st.tensors)
+                self.held.keep(obj_id)
+                return ipc_handles(st.tensors)
             if kind == "segment":
                 self._local_readers = True
                 return self._segment(st)
@@ -263,6 +273,8 @@ class RayaccelTransport(TensorTransportManager):
                     st.nixl_tensors = ts
                     # the tensors' own storages stay registered past this object (a trainer's weights: once)
                     self.registrations.hold(mgr, [t for t in st.tensors if t.is_contiguous()])
+                    if self.held is not None:
+                        self.held.keep(obj_id)  # registered memory is read remotely without asking: it stays
                 return st.nixl
             if kind == "host":
                 if st.host is None:
@@ -293,6 +305,25 @@ class RayaccelTransport(TensorTransportManager):
             return
         with st.lock:  # a request being served finishes first
             self._free(obj_id, st)
+        if self.held is not None:
+            self.held.drop(obj_id)
+
+    @contextmanager
+    def _reading(self, obj_id: str) -> Any:
+        """A consumer's request is being served: a spilled object is back on the device, and stays, meanwhile."""
+        if self.held is None:
+            yield
+            return
+        with self.held.reading(obj_id):  # restoring swaps the tensors back in (_swap)
+            yield
+
+    def _swap(self, obj_id: str, tensors: list) -> None:
+        """An object moved (spilled, or restored): its holders here and Ray's RDT store reference ``tensors`` now."""
+        with self._lock:
+            st = self._produced.get(obj_id)
+        if st is not None:
+            st.tensors = list(tensors)
+        rp.rdt_swap(obj_id, tensors)
 
     def _free(self, obj_id: str, st: _Produced) -> None:
         try:
@@ -328,7 +359,8 @@ class RayaccelTransport(TensorTransportManager):
         self._check_abort(obj_id)
         req.device = choose.destination(meta, target_buffers, what)
         req.path, req.kind = choose.decide(meta, req.device, what)
-        if req.kind in ("segment", "host", "nixl", "store") and not (req.kind == "nixl" and meta.nixl is not None):
+        if req.kind in ("segment", "host", "nixl", "store") and not (req.kind == "nixl" and meta.nixl is not None) \
+                or (req.kind == "ipc" and meta.ipc is None):
             if meta.producer.actor is None:
                 raise TransportError(f"{what} was put by {meta.producer.label()}, which cannot be asked for it: "
                                      f"{req.path.reason}", obj_id)
@@ -344,8 +376,9 @@ class RayaccelTransport(TensorTransportManager):
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         meta, what = req.meta, req.what
         if req.kind == "ipc":
+            handles = meta.ipc if meta.ipc is not None else self._answer(req, deadline)
             try:
-                out = from_ipc(meta.ipc, meta.devices, req.device, req.target)
+                out = from_ipc(handles, meta.devices, req.device, req.target)
             except RuntimeError as e:  # the handle cannot be opened here: stage through host memory instead
                 req.path = TensorPath("shared-memory", f"CUDA IPC failed ({e}); staged through host memory",
                                       req.path.bandwidth_gbps, req.path.seconds, req.path.nbytes, 2, "host-staged")
@@ -468,6 +501,31 @@ class RayaccelTransport(TensorTransportManager):
             raise TransportError(f"{req.what}: its producer {req.meta.producer.label()} died during the NIXL read "
                                  f"({type(e).__name__})", req.what) from None
         return None
+
+
+def _held_objects(swap: Any) -> Any:
+    """The producer's held objects under its device budget (:data:`~rayaccel.contract.RDT_DEVICE_BYTES_ENV`, else
+    the worker's ``gpu_memory`` share), or None when it has none (objects stay until freed, as in Ray).
+
+    Raises:
+        TransportError: a budget variable that is not a size (naming it).
+    """
+    from ...contract import GPU_MEMORY_ENV, RDT_DEVICE_BYTES_ENV
+    from ...errors import RequestError
+
+    name = RDT_DEVICE_BYTES_ENV if os.environ.get(RDT_DEVICE_BYTES_ENV) else GPU_MEMORY_ENV
+    value = os.environ.get(name)
+    if not value:
+        return None
+    from ...memory.held import HeldObjects
+
+    try:
+        return HeldObjects(value, os.environ.get("RAYACCEL_HOST_MEMORY_BYTES") or 4 << 30, swap=swap,
+                           spill_dir=os.environ.get("RAYACCEL_SPILL_DIR") or None,
+                           disk_bytes=os.environ.get("RAYACCEL_DISK_BYTES") or None)
+    except RequestError as e:
+        raise TransportError(f"{name}={value!r} (or RAYACCEL_HOST_MEMORY_BYTES / RAYACCEL_DISK_BYTES) is not a "
+                             f"size: {e}; give bytes or a size such as '8GiB'", name) from None
 
 
 def _no_segment(st: _Produced, e: OSError) -> str:
