@@ -617,3 +617,24 @@ def test_a_background_refill_is_waited_for_and_a_failed_one_is_one_clear_error(m
     finally:
         monkeypatch.undo()
         pool.close()
+
+
+def test_the_node_id_follows_a_driver_that_connects_again(monkeypatch):
+    """A driver that shuts Ray down and connects to another cluster is on another node: a cached id
+    made a consumer on its producer's node take NIXL (the other-node path) and fail (CI, test_rdt_pressure)."""
+    import ray
+
+    from rayaccel.ray.rdt import local
+
+    ids = iter(["aa" * 28, "bb" * 28])
+
+    class Ctx:
+        def __init__(self):
+            self.id = next(ids)
+
+        def get_node_id(self):
+            return self.id
+
+    monkeypatch.setattr(ray, "get_runtime_context", Ctx)
+    assert local.node_id() == "aa" * 28
+    assert local.node_id() == "bb" * 28

@@ -18,9 +18,13 @@ from ...contract import DEVICES_ENV, NODE_DIR_ENV, RECORD_FILE, host_rdma_device
 
 log = logging.getLogger("rayaccel.ray.rdt")
 
-@functools.lru_cache(maxsize=1)
 def node_id() -> str:
-    """This process's Ray node id (hex)."""
+    """This process's Ray node id (hex).
+
+    Asked each time (a core-worker call): a driver that shuts Ray down and connects again -- a
+    notebook, a test session -- is on another node afterwards, and a stale id made a consumer on
+    the producer's own node take NIXL, the other-node path.
+    """
     import ray
 
     return ray.get_runtime_context().get_node_id()
