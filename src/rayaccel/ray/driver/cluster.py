@@ -11,6 +11,10 @@ For tests, the demo and benchmarks::
 
 ``plain=`` adds nodes the way plain ``ray start --num-gpus=N`` would (no rayaccel):
 for side-by-side comparisons and for ``doctor``'s mixed-cluster checks.
+
+:func:`managed_node_args` is the one step that turns ``Cluster.add_node``'s arguments for a plain
+node into a rayaccel node's (the caller's resources and labels kept): ``SimulatedCluster`` uses it,
+and so does ``scripts/ray_own_tests.py``, which runs Ray's own tests on rayaccel nodes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.node import agent, failpolicy
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.driver import view
+from rayaccel.ray.driver.init import check_caller_args, with_caller_resources
 from rayaccel.ray.node.preset import given
 from rayaccel.ray.node.start import nic_env_names, node_env, prepare, resolve_topology, zero_gpu_mode
 from rayaccel.ray.record import NodeRecord, node_labels, node_resources
@@ -157,21 +162,18 @@ class SimulatedCluster:
                    ) -> tuple[dict, str | None, Path | None]:
         base = {"num_cpus": self.num_cpus if num_cpus is None else num_cpus,
                 "object_store_memory": self.object_store_memory}
-        topo, preset = given(topo, self.env)
         if plain:
+            topo, _ = given(topo, self.env)
             base.update(num_gpus=len(gpu_pool(topo)), env_vars=dict(self.env) or None)
             if labels:
                 base["labels"] = dict(labels)
             return base, None, None
-        record, d = prepare(topo, simulated=True, preset=preset)
-        failpolicy.write(d, self.on_failed_gpu)
+        args, record, d = managed_node_args(topo, {**base, "env_vars": self.env}, nic_env=self.nic_env or None,
+                                            zero_gpu_tasks=self.zero_gpu_tasks, on_failed_gpu=self.on_failed_gpu,
+                                            preset_env=self.env)
+        args["labels"].update(labels or {})  # a simulation's place labels may be rayaccel.io/ ones (net levels)
         self._records[record.node_key] = record
-        num_gpus, res = node_resources(topo)
-        env = {**self.env, **node_env(topo, record.node_key, d, base={**os.environ, **self.env},
-                                      nic_env=self.nic_env or None, zero_gpu_tasks=self.zero_gpu_tasks)}
-        base.update(num_gpus=num_gpus, resources=res, env_vars=env,
-                    labels={**node_labels(topo, record.node_key, simulated=True), **(labels or {})})
-        return base, record.node_key, d
+        return args, record.node_key, d
 
     def _add(self, topo: NodeTopology, plain: bool = False, labels: dict | None = None,
              num_cpus: int | None = None) -> SimNode:
@@ -271,6 +273,49 @@ class SimulatedCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def managed_node_args(topology: NodeTopology | str, node_args: dict[str, Any] | None = None, *,
+                      simulated: bool = True, nic_env: str | Sequence[str] | None = None,
+                      zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None,
+                      preset_env: dict[str, str] | None = None) -> tuple[dict[str, Any], NodeRecord, Path]:
+    """The keyword arguments that make ``ray.cluster_utils.Cluster.add_node`` start a rayaccel node.
+
+    ``node_args`` are what a caller would give ``Cluster.add_node`` for a plain node (``num_cpus``,
+    ``num_gpus``, ``resources``, ``labels``, ``env_vars``, ...): ``num_gpus`` and a visible-devices
+    variable in ``env_vars`` (else this process's, as the raylet inherits it; ``preset_env``: read that
+    mapping instead) give the node those devices of ``topology`` (:mod:`rayaccel.ray.node.preset`); the caller's ``resources`` and ``labels`` join rayaccel's
+    (:func:`rayaccel.ray.driver.init.check_caller_args`); ``env_vars`` gain the node's raylet environment.
+    The node's directory (record, table, fail policy) is made here: its record goes to the GCS KV and its
+    agent starts once a driver is connected (as :class:`SimulatedCluster` does), and the directory is the
+    caller's to remove (:func:`rayaccel.ray.node.nodedir.remove`) when the node is gone.
+
+    Returns:
+        ``(args for Cluster.add_node, the node's record, its directory)``.
+
+    Raises:
+        ClusterError: a bad topology, preset, count, resource or label (one line), before anything is made.
+    """
+    args = dict(node_args or {})
+    topo = resolve_topology(topology)
+    user_res, user_labels = args.pop("resources", None), args.pop("labels", None)
+    check_caller_args(user_res, user_labels)
+    env = dict(args.pop("env_vars", None) or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ClusterError("env_vars: expected a mapping of strings to strings")
+    nic = nic_env_names(nic_env)
+    zero = zero_gpu_mode(zero_gpu_tasks)
+    policy = failpolicy.failed_gpu_mode(on_failed_gpu)
+    topo, preset = given(topo, {**os.environ, **env} if preset_env is None else preset_env, num_gpus=args.pop("num_gpus", None), resources=user_res)
+    num_gpus, res = node_resources(topo)
+    res = with_caller_resources(res, user_res)
+    record, d = prepare(topo, simulated=simulated, preset=preset)
+    failpolicy.write(d, policy)
+    env.update(node_env(topo, record.node_key, d, base={**os.environ, **env}, nic_env=nic or None,
+                        zero_gpu_tasks=zero))
+    args.update(num_gpus=num_gpus, resources=res, env_vars=env,
+                labels={**node_labels(topo, record.node_key, simulated=simulated), **(user_labels or {})})
+    return args, record, d
 
 
 def _check_labels(labels: Sequence[dict | None] | None, n: int) -> list[dict | None]:

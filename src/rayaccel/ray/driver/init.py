@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from rayaccel.contract import LABEL_PREFIX
 from rayaccel.errors import ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp, kv
@@ -35,9 +36,10 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
             besides ``UCX_NET_DEVICES`` (``"NCCL_IB_HCA,NVSHMEM_HCA_LIST"``; never over a value the user set).
         zero_gpu_tasks: for the embedded cluster: what a task asking no GPU sees, ``"see-none"`` (default:
             no device) or ``"see-all"`` (plain Ray's: the variable as the node was started with it).
-        ray_init_kwargs: passed to ``ray.init`` (``num_cpus``, ``namespace`` ...; not
-            ``resources``/``labels`` for an embedded cluster: rayaccel sets those). ``num_gpus`` smaller
+        ray_init_kwargs: passed to ``ray.init`` (``num_cpus``, ``namespace`` ...). ``num_gpus`` smaller
             than the host's count gives the node the first ``num_gpus`` devices (or of the preset), as Ray does.
+            For an embedded cluster, ``resources=`` and ``labels=`` join what rayaccel advertises (the caller's
+            labels win over rayaccel's, except ``rayaccel.io/`` ones); see :func:`check_caller_args`.
 
     The embedded node manages the devices it was given: a visible-devices variable set in this process
     (``CUDA_VISIBLE_DEVICES=4,5,6``, UUIDs, empty = none) and ``num_gpus`` (:mod:`rayaccel.ray.node.preset`).
@@ -69,19 +71,19 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
             raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
                                "existing cluster publish their own topology via `rayaccel start`")
         return ray.init(address=address, **ray_init_kwargs)
-    for k in ("resources", "labels"):
-        if k in ray_init_kwargs:
-            raise ClusterError(f"{k}= is set by rayaccel for an embedded cluster (from the topology)")
+    user_res, user_labels = ray_init_kwargs.pop("resources", None), ray_init_kwargs.pop("labels", None)
+    check_caller_args(user_res, user_labels)  # before anything is made
     zero_gpu_mode(zero_gpu_tasks)
     topo, simulated = node_topology(topology)
-    topo, preset = given(topo, os.environ, num_gpus=ray_init_kwargs.pop("num_gpus", None))
-    record, directory = prepare(topo, simulated, preset=preset)
+    topo, preset = given(topo, os.environ, num_gpus=ray_init_kwargs.pop("num_gpus", None), resources=user_res)
     num_gpus, res = node_resources(topo)
+    res = with_caller_resources(res, user_res)
+    record, directory = prepare(topo, simulated, preset=preset)
     ray_init_kwargs.setdefault("include_dashboard", False)
+    labels = {**node_labels(topo, record.node_key, simulated=simulated), **(user_labels or {})}
     with environ(node_env(topo, record.node_key, directory, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks)):
         # address="local": always a new embedded cluster, never one found in RAY_ADDRESS or /tmp/ray
-        ctx = ray.init(address="local", num_gpus=num_gpus, resources=res,
-                       labels=node_labels(topo, record.node_key, simulated=simulated), **ray_init_kwargs)
+        ctx = ray.init(address="local", num_gpus=num_gpus, resources=res, labels=labels, **ray_init_kwargs)
     try:
         kv.publish(record)
         _AGENTS.append(agent.start(record.node_key, rp_node_id_of_driver(), directory, raylet_pid=rp.raylet_pid()))
@@ -99,6 +101,55 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
 _EMBEDDED: list[Path] = []
 #: The embedded node's agent process (stopped by :func:`shutdown`; it also ends with the raylet).
 _AGENTS: list = []
+
+
+def check_caller_args(resources: Any, labels: Any) -> None:
+    """The ``resources=`` / ``labels=`` a caller gives a rayaccel node, checked before anything starts.
+
+    Custom resources are numbers >= 0 by name, but never GPUs (``GPU`` comes from the topology: give
+    ``num_gpus=``) nor MIG instances (``mig_*``: from the topology's MIG layout); labels are strings by
+    name, never under ``rayaccel.io/`` (rayaccel's own). Ray checks the rest (``CPU``, label syntax) itself.
+
+    Raises:
+        ClusterError: one line naming the bad entry and what would be right.
+    """
+    if resources is not None:
+        if not isinstance(resources, dict):
+            raise ClusterError(f"resources= must be a dict of resource name -> number, got {type(resources).__name__}")
+        for k, v in resources.items():
+            if not isinstance(k, str):
+                raise ClusterError(f"resources=: resource names are strings, got {k!r}")
+            if k == "GPU":
+                raise ClusterError("resources={'GPU': ...}: GPUs are not a custom resource on a rayaccel node; "
+                                   "give num_gpus= (rayaccel advertises GPU from the node's devices)")
+            if k.startswith("mig_"):
+                raise ClusterError(f"resources={{{k!r}: ...}}: mig_* resources come from the node's MIG layout; "
+                                   "drop it (rayaccel advertises one per MIG instance)")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e15:
+                raise ClusterError(f"resources=: {k!r} must be a number >= 0, got {v!r}")
+    if labels is not None:
+        if not isinstance(labels, dict):
+            raise ClusterError(f"labels= must be a dict of label name -> string, got {type(labels).__name__}")
+        for k, v in labels.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise ClusterError(f"labels=: expected strings, got {k!r}: {v!r}"[:200])
+            if k.startswith(LABEL_PREFIX):
+                raise ClusterError(f"labels=: {k!r} is rayaccel's own label (set from the node); use a key outside "
+                                   f"{LABEL_PREFIX}")
+
+
+def with_caller_resources(res: dict[str, float], resources: dict | None) -> dict[str, float]:
+    """rayaccel's resources for a node plus the caller's (:func:`check_caller_args` first).
+
+    Raises:
+        ClusterError: the caller gives a resource rayaccel advertises for the node (``accelerator_type:...``,
+            the family's resource) another value, which would contradict its devices.
+    """
+    clash = sorted(k for k, v in (resources or {}).items() if k in res and v != res[k])
+    if clash:
+        raise ClusterError(f"resources={{{clash[0]!r}: {resources[clash[0]]:g}}}: rayaccel advertises "
+                           f"{res[clash[0]]:g} from the node's devices; drop it")
+    return {**res, **(resources or {})}
 
 
 def rp_node_id_of_driver() -> str:
