@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -88,8 +89,12 @@ def parse_junit(text: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+#: Terminal colours in a message, raw or as junit XML escapes them (``#x1B[36m``).
+_COLOUR = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*m")
+
+
 def _first_line(text: str) -> str:
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = next((ln.strip() for ln in _COLOUR.sub("", text).splitlines() if ln.strip()), "")
     return line[:160]
 
 

@@ -26,6 +26,7 @@ REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="p
 <testcase classname="test_advanced_2" name="test_gpu_ids" time="3.1">
   <failure message="AssertionError: assert 'rayaccel-x' == ''&#10;second line">trace</failure></testcase>
 <testcase classname="test_advanced_2" name="test_zero_cpus" time="1.0"/>
+<testcase classname="test_advanced_6" name="test_colour" time="1.0"><failure message="RayTaskError: #x1B[36mray::f()#x1B[39m (pid=3)"/></testcase>
 <testcase classname="test_node_labels" name="test_x[v1]" time="0.1"><skipped message="needs docker"/></testcase>
 <testcase classname="sub.test_pg" name="test_setup_broke" time="0"><error message="fixture 'foo' not found"/></testcase>
 <testcase classname="test_actor_resources.TestActors" name="test_in_class" time="0.2"/>
@@ -38,6 +39,7 @@ def test_junit_outcomes_and_node_ids(rot):
     assert got == {
         "test_advanced_2.py::test_gpu_ids": ("failed", "AssertionError: assert 'rayaccel-x' == ''"),
         "test_advanced_2.py::test_zero_cpus": ("failed", "teardown failed"),  # a teardown error after a pass
+        "test_advanced_6.py::test_colour": ("failed", "RayTaskError: ray::f() (pid=3)"),
         "test_node_labels.py::test_x[v1]": ("skipped", "needs docker"),
         "sub/test_pg.py::test_setup_broke": ("failed", "fixture 'foo' not found"),
         "test_actor_resources.py::TestActors::test_in_class": ("passed", ""),
