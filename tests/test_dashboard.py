@@ -56,7 +56,7 @@ def _documented_metrics() -> dict[str, tuple[str, str, tuple[str, ...]]]:
     for prev, line in zip(lines, lines[1:]):
         m = re.match(r'^([A-Z][A-Z_]+) = "([a-z_]+)"$', line)
         if m:
-            doc = re.match(r"^#: (gauge|counter|histogram), tags? ([a-z, ]+?): ", prev)
+            doc = re.match(r"^#: (gauge|counter|histogram), tags? ([a-z_, ]+?): ", prev)
             assert doc, f"metrics_names.{m.group(1)} lacks its '#: <type>, tags <...>: meaning' comment"
             out[m.group(1)] = (m.group(2), doc.group(1), tuple(t.strip() for t in doc.group(2).split(",")))
     return out
@@ -79,7 +79,7 @@ def test_all_is_every_documented_metric_with_its_type_and_tags():
 
 def test_the_docs_list_every_exported_metric_with_its_tags():
     # the metrics table of the operations page (docs/operations.md, "Metrics")
-    rows = re.findall(r"^\| `(ray_rayaccel_\w+)` \| ([a-z, ]+) \|", (ROOT / "docs" / "operations.md").read_text(),
+    rows = re.findall(r"^\| `(ray_rayaccel_\w+)` \| ([a-z_, ]+) \|", (ROOT / "docs" / "operations.md").read_text(),
                       re.M)
     assert sorted(name for name, _ in rows) == sorted(M.exported(n) for n in M.ALL)
     for name, tags in rows:

@@ -164,6 +164,22 @@ def build() -> dict:
                 [target(f"sum by (node) ({m(M.UNHOOKED_GPU_SLOTS)}{{{NODE}}})", "{{node}}", instant=True)],
                 defaults={"thresholds": {"mode": "absolute", "steps": [{"color": "green", "value": None},
                                                                      {"color": "orange", "value": 1}]}}), 8, 8)
+    L.row("Per holder")
+    who = "{{node}} GPU {{device}} {{actor_class}} {{actor_name}} {{task_function}}"
+    by = "node, device, actor_class, actor_name, task_function"
+    L.add(panel("timeseries", "Device memory per actor / task", "Device memory each Ray actor (class, name) or task "
+                "(function) uses per device: NVML's per-process figures, its child processes included; on simulated "
+                "nodes what the worker reports (`rayaccel.report_usage`).",
+                [target(f"sum by ({by}) ({m(M.HOLDER_MEMORY_USED_BYTES)}{{{NODE}}}) > 0", who)],
+                defaults={"unit": "bytes", "min": 0}), 8, 8)
+    L.add(panel("timeseries", "Utilisation per actor / task", "SM utilisation of each device by each Ray actor or "
+                "task, percent.",
+                [target(f"sum by ({by}) ({m(M.HOLDER_UTILIZATION_PERCENT)}{{{NODE}}}) > 0", who)],
+                defaults={"unit": "percent", "min": 0, "max": 100}), 8, 8)
+    L.add(panel("timeseries", "Spilled GPU objects per actor", "Bytes a producer's `rayaccel`-transport objects "
+                "spilled off the device to host memory and disk under its device budget.",
+                [target(f"sum by ({by}) ({m(M.HOLDER_SPILLED_BYTES)}{{{NODE}}}) > 0", who)],
+                defaults={"unit": "bytes", "min": 0}), 8, 8)
     L.row("Tensor transport")
     tb, ts, to = m(M.TRANSPORT_BYTES_TOTAL), m(M.TRANSPORT_SECONDS_TOTAL), m(M.TRANSPORT_OBJECTS_TOTAL)
     L.add(panel("timeseries", "Tensor bytes per path", "Bytes the `rayaccel` tensor transport delivered per second, "

@@ -6,7 +6,7 @@ Public surface (``__all__``; tests/test_api.py holds ``__all__`` to this list):
 * discovery: ``discover``, ``load_topology``
 * placement: ``plan``, ``Request``, ``Allocation``, ``Rejection``, ``NodeState``
 * on Ray: ``init``, ``shutdown``, ``remote``, ``gang``, ``get_devices``, ``store``, ``placement_map``,
-  ``rank_order``
+  ``rank_order``, ``report_usage``
 * errors, the tree drawn in :mod:`rayaccel.errors`: ``RayaccelError``, ``TopologyError``,
   ``CaptureError``, ``CatalogError``, ``BackendError``, ``BackendUnavailable``, ``PluginError``,
   ``RequestError``, ``OutputPathError``, ``ClusterError``, ``Unsatisfiable``, ``StoreError``,
@@ -46,6 +46,7 @@ _LAZY = {
     "get_devices": "rayaccel.ray",
     "placement_map": "rayaccel.ray",
     "rank_order": "rayaccel.ray",
+    "report_usage": "rayaccel.ray",
     "store": "rayaccel.ray.worker.store",
 }
 

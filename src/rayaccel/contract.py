@@ -108,6 +108,10 @@ FAILED_GPU_FILE = "on-failed-gpu.json"
 #: ``leave`` (the default: work on it runs on, or hangs, until it ends); ``end-workers``: its holders are killed,
 #: so Ray restarts them (``max_restarts``) or retries their tasks on a healthy device.
 FAILED_GPU_MODES = ("leave", "end-workers")
+#: The node directory's folder of per-worker usage files (``usage/<pid>.json``, format :data:`USAGE_SCHEMA`): what a
+#: worker says it uses (``rayaccel.report_usage``, simulated nodes) and what its ``rayaccel``-transport objects spilled;
+#: written by the worker (:mod:`rayaccel.ray.usagefile`), read and cleaned up by the node's agent.
+USAGE_DIR = "usage"
 
 # ---------------------------------------------------------------- formats another process reads
 # Each carries its id in a ``schema`` field; a reader refuses an id it does not know, naming it. A record
@@ -124,6 +128,8 @@ AGENT_SCHEMA = "rayaccel.agent/1"
 STATE_SCHEMA = "rayaccel.arbiter/2"
 #: The node's failed-GPU policy (:data:`FAILED_GPU_FILE`).
 FAILED_GPU_SCHEMA = "rayaccel.on-failed-gpu/1"
+#: A worker's usage file (:data:`USAGE_DIR`).
+USAGE_SCHEMA = "rayaccel.usage/1"
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
@@ -131,7 +137,7 @@ _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 __all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "FAILED_GPU_FILE", "FAILED_GPU_MODES", "FAILED_GPU_SCHEMA", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
            "NAMESPACE", "NIC_ENV_ENV", "NODE_VISIBLE_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL",
            "RDT_DEVICE_BYTES_ENV", "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
-           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "ZERO_GPU_ENV", "ZERO_GPU_MODES", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",
+           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "USAGE_DIR", "USAGE_SCHEMA", "ZERO_GPU_ENV", "ZERO_GPU_MODES", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",
            "kv_key", "label_value", "load_json", "new_node_key", "nic_env_values", "parse_devices", "parse_nic_env", "valid_key"]
 
 

@@ -31,6 +31,14 @@ GRANTS_WAITING = "rayaccel_grants_waiting"
 UNHOOKED_GPU_SLOTS = "rayaccel_unhooked_gpu_slots"
 #: counter, tags node, device, kind: device health events (kinds: :data:`rayaccel.health.KINDS`).
 HEALTH_EVENTS_TOTAL = "rayaccel_health_events_total"
+# Per holder (a Ray actor or task) and device: NVML's per-process figures, its child processes included (a simulated
+# node: what the worker reports); holders with the same tags are summed.
+#: gauge, tags node, device, actor_class, actor_name, task_function: device memory the holder uses, bytes.
+HOLDER_MEMORY_USED_BYTES = "rayaccel_holder_memory_used_bytes"
+#: gauge, tags node, device, actor_class, actor_name, task_function: the device's SM utilisation by it, percent (0..100).
+HOLDER_UTILIZATION_PERCENT = "rayaccel_holder_utilization_percent"
+#: gauge, tags node, device, actor_class, actor_name, task_function: bytes its ``rayaccel``-transport objects spilled off the device.
+HOLDER_SPILLED_BYTES = "rayaccel_holder_spilled_bytes"
 
 #: counter, tags node, path: tensor bytes the ``rayaccel`` transport delivered, per path (:data:`rayaccel.transfer.TENSOR_PATHS`).
 TRANSPORT_BYTES_TOTAL = "rayaccel_transport_bytes_total"
@@ -41,20 +49,25 @@ TRANSPORT_OBJECTS_TOTAL = "rayaccel_transport_objects_total"
 
 ALL = (DEVICE_STATE, DEVICE_MEMORY_RESERVED_BYTES, DEVICE_HEALTH, DEVICE_DRAINED, DEVICE_HOLDER_INFO,
        ARBITER_DECISION_SECONDS, ARBITER_DECISION_QUALITY, GRANTS_WAITING, UNHOOKED_GPU_SLOTS, HEALTH_EVENTS_TOTAL,
-       TRANSPORT_BYTES_TOTAL, TRANSPORT_SECONDS_TOTAL, TRANSPORT_OBJECTS_TOTAL)
+       HOLDER_MEMORY_USED_BYTES, HOLDER_UTILIZATION_PERCENT, HOLDER_SPILLED_BYTES, TRANSPORT_BYTES_TOTAL, TRANSPORT_SECONDS_TOTAL, TRANSPORT_OBJECTS_TOTAL)
 
 #: The metric type of each name.
 TYPES = {DEVICE_STATE: "gauge", DEVICE_MEMORY_RESERVED_BYTES: "gauge", DEVICE_HEALTH: "gauge", DEVICE_DRAINED: "gauge",
          DEVICE_HOLDER_INFO: "gauge", ARBITER_DECISION_SECONDS: "histogram", ARBITER_DECISION_QUALITY: "gauge",
          GRANTS_WAITING: "gauge", UNHOOKED_GPU_SLOTS: "gauge", HEALTH_EVENTS_TOTAL: "counter",
+         HOLDER_MEMORY_USED_BYTES: "gauge", HOLDER_UTILIZATION_PERCENT: "gauge", HOLDER_SPILLED_BYTES: "gauge",
          TRANSPORT_BYTES_TOTAL: "counter", TRANSPORT_SECONDS_TOTAL: "counter", TRANSPORT_OBJECTS_TOTAL: "counter"}
+
+#: The tag keys of the per-holder metrics.
+HOLDER_TAGS = ("node", "device", "actor_class", "actor_name", "task_function")
 
 #: The tag keys rayaccel sets on each (Ray adds its own, e.g. ``SessionName``, ``instance``).
 TAGS = {DEVICE_STATE: ("node", "device", "state"), DEVICE_MEMORY_RESERVED_BYTES: ("node", "device"),
         DEVICE_HEALTH: ("node", "device"), DEVICE_DRAINED: ("node", "device"),
         DEVICE_HOLDER_INFO: ("node", "device", "holder"), ARBITER_DECISION_SECONDS: ("node",),
         ARBITER_DECISION_QUALITY: ("node",), GRANTS_WAITING: ("node",), UNHOOKED_GPU_SLOTS: ("node",),
-        HEALTH_EVENTS_TOTAL: ("node", "device", "kind"), TRANSPORT_BYTES_TOTAL: ("node", "path"),
+        HEALTH_EVENTS_TOTAL: ("node", "device", "kind"), HOLDER_MEMORY_USED_BYTES: HOLDER_TAGS,
+        HOLDER_UTILIZATION_PERCENT: HOLDER_TAGS, HOLDER_SPILLED_BYTES: HOLDER_TAGS, TRANSPORT_BYTES_TOTAL: ("node", "path"),
         TRANSPORT_SECONDS_TOTAL: ("node", "path"), TRANSPORT_OBJECTS_TOTAL: ("node", "path")}
 
 

@@ -84,6 +84,17 @@ def test_objects_beyond_the_budget_spill_and_come_back_bit_identical(one_a100, t
     assert stats["device_bytes"] <= 50 * MiB and stats["spilled_bytes"] == (n - 2) * size
     assert stats["host_bytes"] == size and stats["disk_bytes"] == (n - 3) * size  # host full: the rest on disk
     assert sorted(d[0] for d in devices.values()).count("meta") == n - 2  # Ray's store let go of the spilled ones
+    # per-holder spilled bytes: the producer's row in status (the metric rayaccel_holder_spilled_bytes follows it)
+    from raytest_helpers import wait_for
+
+    from rayaccel.ray.driver.status import cluster_status
+
+    def spilled_row():
+        rows = cluster_status()["nodes"][0]["usage"] or []
+        return next((r for r in rows if r["actor_class"] == "Producer" and r["spilled_bytes"] == (n - 2) * size), None)
+
+    row = wait_for(spilled_row, 30, "the producer's spilled bytes in status")
+    assert row["kind"] == "actor" and row["used_bytes"] is None  # a simulated node: no NVML figure, none reported
     for seed, ref in enumerate(refs):
         got = ray.get(ref, timeout=120)
         assert _digest(got) == _digest(_make(size, seed)), seed

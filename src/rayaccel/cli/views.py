@@ -120,7 +120,34 @@ def _node_tables(nodes: list[dict]) -> list[Any]:
             extra.append(_lock_line(n["lock"]))
         for line in extra:
             out.append(Text("  " + line, style="yellow"))
+        if n.get("usage"):
+            out.append(usage_table(n["usage"]))
     return out
+
+
+def usage_who(r: dict) -> str:
+    """A usage row's holder by Ray's names: ``actor Trainer "t0"``, ``task train``."""
+    if r.get("kind") == "actor":
+        return f"actor {r.get('actor_class') or r.get('holder') or '?'}" + (
+            f" {r['actor_name']!r}" if r.get("actor_name") else "")
+    return f"task {r.get('task_function') or r.get('holder') or '?'}"
+
+
+def usage_table(rows: list[dict]) -> Table:
+    """Per-holder usage: one row per holder and device (``status`` and ``top``)."""
+    t = Table(title=Text("  per-holder usage"), title_justify="left", expand=False, pad_edge=False)
+    for col in ("holder", "pid", "dev", "memory used", "util", "spilled", "from"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        util = r.get("utilization")
+        dev = str(r.get("device")) + (f" [{r['partition']}]" if r.get("partition") else "")
+        pids = [p for p in r.get("pids") or () if p != r.get("pid")]
+        t.add_row(Text(usage_who(r)), Text(str(r.get("pid")) + (f" (+{len(pids)})" if pids else "")), Text(dev),
+                  Text(format_bytes(r["used_bytes"]) if r.get("used_bytes") is not None else "?"),
+                  Text(f"{util:.0f}%" if util is not None else "?"),
+                  Text(format_bytes(r["spilled_bytes"]) if r.get("spilled_bytes") else "-"),
+                  Text(r.get("source") or ""))
+    return t
 
 
 def _neighbours(topo: Any, index: int) -> str:
@@ -138,7 +165,8 @@ def _neighbours(topo: Any, index: int) -> str:
 
 
 def top_frame(data: dict, topologies: dict | None = None, address: str | None = None, live: bool = False) -> Any:
-    """One frame of ``rayaccel top``: every node's devices, links, holders, health, drains and waiting grants.
+    """One frame of ``rayaccel top``: every node's devices, links, holders, health, drains and waiting grants, and
+    each holder's usage (memory, utilisation, spilled bytes per device).
 
     ``address`` (the cluster's) is in the title line; ``live`` adds "(q quits)", which only the
     live view answers (``--once`` and piped output print a plain frame).
@@ -188,4 +216,6 @@ def _top_tables(nodes: list[dict], topos: dict) -> list[Any]:
             parts.append(Text(f"  {n['unhooked_slots']:g} GPU slot(s) held without the hook", style="yellow"))
         if n.get("lock"):
             parts.append(Text("  " + _lock_line(n["lock"]), style="bold red"))
+        if n.get("usage"):
+            parts.append(usage_table(n["usage"]))
     return parts

@@ -4,6 +4,7 @@
 * :func:`remote` -- tasks and actors with what ``num_gpus`` cannot say (:mod:`.tasks`)
 * :func:`gang` -- co-scheduled workers with torch.distributed (:mod:`.gangs`)
 * :func:`get_devices` -- inside any GPU worker of a rayaccel node (:mod:`.worker`)
+* :func:`report_usage` -- inside a worker: the device memory and utilisation it uses (simulated nodes have no NVML)
 * :func:`placement_map` / :func:`rank_order` -- a placement group's devices per bundle before any task
   runs in it, and the rank order that follows the fabric (:mod:`.driver.placemap`)
 * :class:`SimulatedCluster` -- multi-node clusters of simulated nodes (:mod:`.cluster`)
@@ -31,6 +32,7 @@ _LAZY = {
     "Gang": "rayaccel.ray.driver.gangs",
     "get_devices": "rayaccel.ray.worker.devices",
     "Assignment": "rayaccel.ray.worker.devices",
+    "report_usage": "rayaccel.ray.worker.usage",
     "SimulatedCluster": "rayaccel.ray.driver.cluster",
     "cluster_status": "rayaccel.ray.driver.status",
     "placement_map": "rayaccel.ray.driver.placemap",

@@ -131,6 +131,26 @@ def holder_info(worker: Any) -> dict[str, Any]:
             "job": core.get_current_job_id().hex()}
 
 
+def holder_identity(worker: Any) -> dict[str, str]:
+    """Who the current holder is, for per-holder usage: ``id`` (actor or task id, hex), ``actor_class`` and
+    ``actor_name`` in an actor (the name "" when it has none), ``task_function`` in a task (Ray's task name: the
+    function's name unless ``.options(name=)`` gave another)."""
+    core = worker.core_worker
+    try:
+        task_name = core.get_current_task_name() or ""
+    except AttributeError:
+        task_name = ""
+    actor = core.get_actor_id()
+    if not actor.is_nil():
+        name = ""
+        try:
+            name = core.get_actor_name().decode("utf-8", "replace")
+        except (AttributeError, UnicodeError):
+            pass
+        return {"id": actor.hex(), "actor_class": task_name.split(".")[0], "actor_name": name, "task_function": ""}
+    return {"id": core.get_current_task_id().hex(), "actor_class": "", "actor_name": "", "task_function": task_name}
+
+
 def split_grant(ids: dict[str, list[tuple[int, float]]], managed: Any) -> tuple[dict[str, tuple[tuple[int, float], ...]],
                                                                               str | None, int | None]:
     """The grant of the ``managed`` resources: ``({resource: ((slot, fraction), ...)}, group hex or None, bundle or None)``.

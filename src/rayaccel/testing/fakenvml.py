@@ -26,7 +26,10 @@ Faults can be injected with :meth:`FakeNVML.fail` (e.g. a lost GPU, a timeout). 
 conditions (Xid events, ECC, row remapping, retired pages, throttling, NVLink down, a lost
 GPU), the NVML event API and the facts ``rayaccel doctor`` reads (driver/CUDA/NVML
 versions, persistence, pending MIG mode, fabric overrides, P2P status) come from
-:class:`~rayaccel.testing._fakenvml_ops.FakeNVMLOps`, whose docstring lists every injection.
+:class:`~rayaccel.testing._fakenvml_ops.FakeNVMLOps`, whose docstring lists every injection. The processes on
+each device, their memory and utilisation (``nvmlDeviceGetComputeRunningProcesses``,
+``nvmlDeviceGetProcessesUtilizationInfo``) come from :class:`~rayaccel.testing._fakenvml_usage.FakeNVMLUsage`
+(:meth:`set_process_usage`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from rayaccel.discovery import _nvml_api
 from rayaccel.testing._fakenvml_handles import _deref, _Handle, is_nvswitch_topology
 from rayaccel.testing._fakenvml_mig import CONSTANTS as _MIG_CONSTANTS, FakeNVMLMig
 from rayaccel.testing._fakenvml_ops import FakeNVMLOps
+from rayaccel.testing._fakenvml_usage import FakeNVMLUsage
 from rayaccel.discovery._nvml_api import (
     NVMLError, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNINITIALIZED, NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED,
@@ -117,7 +121,7 @@ def _nvlink_version(link: Link) -> int:
 CALLS_KEPT = 10_000
 
 
-class FakeNVML(FakeNVMLMig, FakeNVMLOps):
+class FakeNVML(FakeNVMLMig, FakeNVMLOps, FakeNVMLUsage):
     """An object usable in place of the ``pynvml`` module, answering from ``topology``.
 
     Args:

@@ -31,7 +31,10 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
     ``holders``, ``unhooked_slots``, ``age_s`` (of the snapshot), ``agent`` (answered /
     published / missing), ``resource`` / ``unit`` (the node's Ray accelerator resource and what one
     slot of it is: ``GPU`` / device, ``neuron_cores`` / core, ``TPU`` / chip, ...), ``lock`` (a node lock held for seconds: pid, what, held_s; or None), ``labels`` (the node's Ray labels:
-    ``ray.io/gpu-domain``, network levels).
+    ``ray.io/gpu-domain``, network levels), ``usage`` (per-holder usage, one row per holder and device: ``pid``,
+    ``device``, ``partition``, ``kind``, ``holder``, ``id``, ``job``, ``actor_class``, ``actor_name``,
+    ``task_function``, ``used_bytes``, ``utilization`` (percent), ``spilled_bytes`` (None: unknown), ``source``
+    (``nvml`` / ``reported``), ``pids``; None when the agent did not answer -- :mod:`rayaccel.ray.node.usage`).
 
     Raises:
         ClusterError: not connected to Ray.
@@ -46,18 +49,21 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
         if not isinstance(a, Exception):
             snaps[k] = a
             source[k] = "answered"
+    usage = agent.ask_all({k: h for k, h in handles.items() if k in snaps}, "usage", timeout_s=timeout_s)
     out = []
     now = time.time()
     for n in nodes:
         snap = snaps.get(n.node_key)
         if snap is None and n.state is not None:
             snap, source[n.node_key] = n.state, "published"
-        out.append(_node_row(n, snap, source.get(n.node_key, "missing"), now))
+        rows = usage.get(n.node_key)
+        out.append(_node_row(n, snap, source.get(n.node_key, "missing"), now,
+                             rows if isinstance(rows, list) else None))
     bad = [{"node_key": k, "node_id": nid, "why": why} for k, (why, nid, _) in sorted(v.bad.items())]
     return {"nodes": out, "bad": bad, "unmanaged": list(v.unmanaged)}
 
 
-def _node_row(n: Any, snap: Snapshot | None, source: str, now: float) -> dict:
+def _node_row(n: Any, snap: Snapshot | None, source: str, now: float, usage: list | None = None) -> dict:
     topo = n.topology
     pool = frozenset(gpu_pool(topo))
     partitioned = frozenset(d.index for d in topo.devices if d.partitions)
@@ -99,7 +105,7 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float) -> dict:
             "waiting": [h for h in holders if h["waiting"]],
             "age_s": round(now - snap.at, 3) if snap is not None and snap.at else None, "agent": source,
             "gpus_available": n.gpus_available, "health_events": list(health.get("events", []))[-10:],
-            "lock": lock, "labels": dict(n.labels),
+            "lock": lock, "labels": dict(n.labels), "usage": usage,
             "resource": spec.resource if spec is not None else "GPU", "unit": spec.unit if spec is not None else "device"}
 
 

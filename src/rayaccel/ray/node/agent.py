@@ -78,6 +78,7 @@ class NodeAgent:
         self._log_at = 0
         self.recent: list = []
         self._total_gpus: float | None = None
+        self.usage_rows: list = []  # per-holder usage (.usage.UsageWatch), refreshed every period
 
     # ---------------------------------------------------------------- loop
     def start(self) -> None:
@@ -250,6 +251,10 @@ class NodeAgent:
         if self.watcher is None:
             raise ClusterError(f"node {self.node_key} has no health watcher ({self.health_error or 'no probe'})")
         self.watcher.inject(kind, device, **kw)
+
+    def usage(self) -> list[dict]:
+        """Per-holder usage: each holder's device memory, utilisation and spilled bytes per device (:mod:`.usage`)."""
+        return [r._asdict() for r in self.usage_rows]
 
     def doctor(self) -> dict:
         """This node's facts and local checks (see :mod:`.doctor`)."""

@@ -180,7 +180,7 @@ def serve(a: argparse.Namespace) -> int:
 
     from rayaccel.contract import AGENT_NAMESPACE, AGENT_PREFIX, NAMESPACE
     from rayaccel.ray import _ray_private as rp
-    from rayaccel.ray.node import health, metrics
+    from rayaccel.ray.node import health, metrics, usage
     from rayaccel.ray.node.agent import NodeAgent
 
     from rayaccel._proc import start_time
@@ -196,6 +196,7 @@ def serve(a: argparse.Namespace) -> int:
     server = Server(body, ray.util.get_node_ip_address())
     threading.Thread(target=server.serve_forever, daemon=True, name="rayaccel-agent-serve").start()
     health.attach(body)
+    usage.attach(body)  # after the health watcher (a simulated node's FakeNVML), before the metrics that export it
     metrics.attach(body)
     body.start()
     rp.kv_put(AGENT_PREFIX + a.node_key, server.published(), NAMESPACE)

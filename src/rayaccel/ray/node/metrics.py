@@ -15,7 +15,12 @@ port), so the names scraped are ``ray_rayaccel_...`` (see
   grant), ``rayaccel_arbiter_decision_quality`` (the last decisions' modeled ring
   all-reduce over the best possible for their size on the idle node, 0..1),
   ``rayaccel_grants_waiting``, ``rayaccel_unhooked_gpu_slots``, and
-  ``rayaccel_health_events_total`` (tags ``device``, ``kind``).
+  ``rayaccel_health_events_total`` (tags ``device``, ``kind``);
+* per holder and device (tags ``node``, ``device``, ``actor_class``, ``actor_name``,
+  ``task_function``; :mod:`.usage`): ``rayaccel_holder_memory_used_bytes``,
+  ``rayaccel_holder_utilization_percent``, ``rayaccel_holder_spilled_bytes`` -- holders with the
+  same tags summed; a series whose holders are gone is set to 0 once, as Ray does for its own
+  per-component series.
 """
 
 from __future__ import annotations
@@ -53,6 +58,13 @@ class Exporter:
         self.waiting = Gauge(M.GRANTS_WAITING, "grants waiting for a suitable set", tag_keys=node)
         self.unhooked = Gauge(M.UNHOOKED_GPU_SLOTS, "GPU slots held by workers without the hook", tag_keys=node)
         self.events = Counter(M.HEALTH_EVENTS_TOTAL, "device health events", tag_keys=dev + ("kind",))
+        self.used = Gauge(M.HOLDER_MEMORY_USED_BYTES, "device memory a Ray actor or task uses (bytes)",
+                          tag_keys=M.HOLDER_TAGS)
+        self.util = Gauge(M.HOLDER_UTILIZATION_PERCENT, "device utilisation by a Ray actor or task (%)",
+                          tag_keys=M.HOLDER_TAGS)
+        self.spilled = Gauge(M.HOLDER_SPILLED_BYTES, "bytes a Ray actor's GPU objects spilled off the device",
+                             tag_keys=M.HOLDER_TAGS)
+        self._usage_keys: dict[str, set[tuple]] = {"used": set(), "util": set(), "spilled": set()}
         self._event_at = 0.0
         self._holders: set[tuple] = set()
         self._best: dict[int, float] = {}
@@ -61,6 +73,24 @@ class Exporter:
         snap = agent.last
         if snap is not None:
             self.export(snap)
+        self.export_usage(getattr(agent, "usage_rows", ()) or ())
+
+    def export_usage(self, rows: Any) -> None:
+        """The per-holder gauges from :class:`.usage.HolderUsage` rows (unknown figures are not exported)."""
+        sums: dict[str, dict[tuple, float]] = {"used": {}, "util": {}, "spilled": {}}
+        for r in rows:
+            key = (str(r.device), r.actor_class, r.actor_name, r.task_function)
+            for what, v in (("used", r.used_bytes), ("util", r.utilization), ("spilled", r.spilled_bytes)):
+                if v is not None:
+                    sums[what][key] = sums[what].get(key, 0.0) + float(v)
+        sums["util"] = {k: min(100.0, v) for k, v in sums["util"].items()}
+        node = self.agent.node_key
+        for what, gauge in (("used", self.used), ("util", self.util), ("spilled", self.spilled)):
+            now = sums[what]
+            for key in set(now) | self._usage_keys[what]:
+                tags = dict(zip(M.HOLDER_TAGS, (node, *key)))
+                gauge.set(now.get(key, 0.0), tags=tags)
+            self._usage_keys[what] = set(now)
 
     def _best_gbps(self, k: int) -> float:
         hit = self._best.get(k)

@@ -37,7 +37,7 @@ from typing import Any, Optional
 from ..._proc import start_time
 from ...errors import TransportError, TransportUnavailable
 from ...transfer import TensorPath
-from .. import _ray_private as rp
+from .. import _ray_private as rp, usagefile
 from . import choose, local, pool, shm, telemetry
 from .registrations import Registrations
 from .gpu import from_ipc, ipc_handles, synchronize, to_device
@@ -221,6 +221,7 @@ class RayaccelTransport(TensorTransportManager):
             self._produced[obj_id] = st
         if self.held is not None:
             self.held.add(obj_id, st.tensors)
+            self._note_held()
         small = meta.nbytes <= EAGER_BYTES
         if (me.actor is None or (small and local.other_nodes())) and local.nixl()[0]:
             # a driver's ray.put: no actor a remote consumer could ask later; a small object in a
@@ -307,6 +308,7 @@ class RayaccelTransport(TensorTransportManager):
             self._free(obj_id, st)
         if self.held is not None:
             self.held.drop(obj_id)
+            self._note_held()
 
     @contextmanager
     def _reading(self, obj_id: str) -> Any:
@@ -314,8 +316,15 @@ class RayaccelTransport(TensorTransportManager):
         if self.held is None:
             yield
             return
-        with self.held.reading(obj_id):  # restoring swaps the tensors back in (_swap)
-            yield
+        try:
+            with self.held.reading(obj_id):  # restoring swaps the tensors back in (_swap)
+                yield
+        finally:
+            self._note_held()
+
+    def _note_held(self) -> None:
+        """Tell the node's agent what this producer's objects have spilled now (per-holder spilled bytes)."""
+        usagefile.note_spilled(int(self.held.stats()["spilled_bytes"]))
 
     def _swap(self, obj_id: str, tensors: list) -> None:
         """An object moved (spilled, or restored): its holders here and Ray's RDT store reference ``tensors`` now."""
