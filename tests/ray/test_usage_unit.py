@@ -300,3 +300,22 @@ def test_spilled_bytes_are_written_only_when_they_change(worker_env):
     note_spilled(0)
     u = usagefile.read_all(str(worker_env))[0][os.getpid()]
     assert (u.spilled_bytes, u.spilled_device) == (0, 2)  # the worker's first device
+
+
+def test_the_agents_watch_joins_nvml_and_the_files_to_the_last_snapshot(worker_env, topo):
+    from types import SimpleNamespace
+
+    from rayaccel.arbiter.state import Snapshot
+    from rayaccel.ray.node.usage import UsageWatch
+
+    me = os.getpid()
+    nv = FakeNVML(topo)
+    nv.set_process_usage(5, me, used_bytes=GiB, sm_util=12)
+    usagefile.report(str(worker_env), 2, 2 * GiB, None, {"id": "a1", "actor_class": "Trainer", "actor_name": ""})
+    (worker_env / USAGE_DIR / "77.json").write_text("{not json")
+    agent = SimpleNamespace(dir=str(worker_env), last=Snapshot(at=1.0, holders=(_holder(me, "Trainer", devices=(2, 5)),)))
+    w = UsageWatch(NvmlUsageReader(topo, nvml=nv))
+    w(agent)
+    got = {(r.device, r.used_bytes, r.utilization, r.source, r.actor_class) for r in agent.usage_rows}
+    assert got == {(2, 2 * GiB, None, "reported", "Trainer"), (5, GiB, 12.0, "nvml", "Trainer")}
+    assert len(w.problems) == 1 and "77.json" in w.problems[0] and "not JSON" in w.problems[0]

@@ -148,6 +148,7 @@ class UsageWatch:
         self.reader = reader
         self.problems: list[str] = []
         self.rows: list[HolderUsage] = []
+        self._told: set[str] = set()
 
     def __call__(self, agent: Any) -> None:
         snap = agent.last
@@ -156,7 +157,9 @@ class UsageWatch:
             procs = self.reader.read()
         files, self.problems = usagefile.read_all(agent.dir)
         for p in self.problems:
-            log.warning("rayaccel usage: %s", p)
+            if p not in self._told:  # once per problem, not every second
+                self._told.add(p)
+                log.warning("rayaccel usage: %s (its figures are left out)", p)
         self.rows = join(snap.holders if snap is not None else (), procs, files)
         agent.usage_rows = self.rows
 
