@@ -389,3 +389,28 @@ def test_a_rehearsal_never_waits_for_the_node_lock(tmp_path):
         os.kill(child, 9)
         os.waitpid(child, 0)
         os.close(fd)
+
+
+def test_a_new_worker_starts_while_another_process_holds_the_node_lock(tmp_path):
+    """Worker start takes no node-wide lock: the whole hook installs (table read, the arbiter's files opened, a
+    grant rehearsed, the releaser started) in a fresh process while this one holds the node's lock."""
+    import fcntl
+
+    (tmp_path / contract.TABLE_FILE).write_bytes(encode_table(build_table(catalog.load("dgx1-v100"), KEY, True)))
+    child = textwrap.dedent("""
+        import json
+        from rayaccel.ray import _ray_private as rp
+        from rayaccel.ray.worker import hook
+        ns = hook._W.node
+        print(json.dumps([ns is not None and ns.gpus, rp._PATCHED, hook._W.release_event is not None]))
+    """)
+    env = {**os.environ, contract.NODE_DIR_ENV: str(tmp_path)}
+    fd = os.open(tmp_path / contract.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(fd)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == [True, True, True]
+    assert not (tmp_path / contract.STATE_FILE).exists()

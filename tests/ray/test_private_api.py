@@ -257,26 +257,39 @@ def test_torchs_cuda_ipc_rebuild_takes_the_device_seventh():
 
 
 def test_one_grant_is_read_from_ray_in_one_call():
-    """The hook reads a grant's facts through rp.grant_of; the lazy facts are read once, when asked."""
+    """rp.grant_of reads every fact of a new grant at once; asked again about the same grant, only its identity."""
     calls = []
+    ids = {"GPU": [(1, 1.0)], "GPU_group_0_ab12": [(1, 1.0)], "GPU_group_ab12": [(1, 1.0)]}
+
+    class Nil:
+        def is_nil(self):
+            return True
+
+        def hex(self):
+            return "00"
 
     class Core:
+        task = "0a"
+
         def resource_ids(self):
             calls.append("ids")
-            return {"GPU": [(1, 1.0)], "GPU_group_0_ab12": [(1, 1.0)], "GPU_group_ab12": [(1, 1.0)]}
+            return ids
 
         def get_actor_id(self):
-            class Nil:
-                def is_nil(self):
-                    return True
             return Nil()
 
         def get_current_task_id(self):
-            return bytes.fromhex("0a")
+            return bytes.fromhex(self.task)
 
         def get_current_task_function_name(self):
             calls.append("function")
             return "m.f"
+
+        def get_current_task_name(self):
+            return "f"
+
+        def get_current_job_id(self):
+            return bytes.fromhex("01")
 
         def get_current_node_id(self):
             calls.append("node")
@@ -286,11 +299,15 @@ def test_one_grant_is_read_from_ray_in_one_call():
         core_worker = Core()
 
     rg = rp.grant_of(W(), frozenset({"GPU"}))
-    assert (rg.key, rg.slots, rg.pg, rg.bundle) == ("task:0a", {"GPU": ((1, 1.0),)}, "ab12", 0)
-    assert rg.sig == ("task:0a", (("GPU", ((1, 1.0),)),))
-    assert calls == ["ids"]
-    assert rg.function == rg.function == "m.f" and rg.node_id == rg.node_id == "ff"
+    assert rg == rp.RayGrant("task:0a", {"GPU": ((1, 1.0),)}, "ab12", 0, "m.f", {"name": "f", "kind": "task", "job": "01"},
+                             "ff")
     assert calls == ["ids", "function", "node"]
+    assert rp.grant_of(W(), frozenset({"GPU"}), rg) is rg and calls[3:] == ["ids"]  # the same grant: identity only
+    W.core_worker.task = "0b"
+    again = rp.grant_of(W(), frozenset({"GPU"}), rg)  # the next task, the same slots: a new grant
+    assert again is not rg and again.key == "task:0b" and calls[4:] == ["ids", "function", "node"]
+    ids.clear()
+    assert rp.grant_of(W(), frozenset({"GPU"}), again).slots == {}
 
 
 def test_doctor_says_in_one_line_what_this_release_lacks():

@@ -59,7 +59,7 @@ class GrantRequest(NamedTuple):
 
 
 class Grant(NamedTuple):
-    """What the arbiter decided.
+    """What the arbiter decided, with what it was asked: the one value a worker keeps for its grant.
 
     Attributes:
         units: Ray resource -> the units behind its granted slots, in order (ring order for a set).
@@ -67,13 +67,18 @@ class Grant(NamedTuple):
             meanwhile its slots are not pinned, so other grants may re-map them.
         blocked_by: placement groups whose reservations keep it waiting (the caller asks Ray
             whether they still exist, outside the lock, and retries with ``gone``).
+        asked: the :class:`GrantRequest` this answers (its ``key`` is the key the state file holds).
         seconds: time spent under the lock (set by the arbiter).
+        state_mtime_ns: the state file's modification time as this grant wrote it (set by the arbiter):
+            while the file still has it, nothing on the node changed since.
     """
 
     units: Mapping[str, tuple] = {}
     waiting: str | None = None
     blocked_by: frozenset[str] = frozenset()
+    asked: GrantRequest | None = None
     seconds: float = 0.0
+    state_mtime_ns: int | None = None
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -114,7 +119,7 @@ def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: "C
                 before = h
             elif alive(p):
                 holders[p] = h
-        return st._replace(holders=holders, pgs=pgs), Grant()
+        return st._replace(holders=holders, pgs=pgs), Grant(asked=req)
     pools = {r: list(u) for r, u in st.pools.items()}
     # Ray granted these slots whole: any other record of them is stale (its task ended).
     whole = {r: w for r, slots in req.slots.items() if (w := {s for s, f in slots if f >= 1 - EPS})}
@@ -145,7 +150,7 @@ def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: "C
                                   info.get("job", ""), drain=req.drain)
         _settle_drains(pools, holders, pinned, table)
         got = {r: tuple(pools[r][s] for s, _ in slots) for r, slots in req.slots.items() if r in pools}
-        return _state(st, pools, holders, pgs), Grant(got)
+        return _state(st, pools, holders, pgs), Grant(got, asked=req)
     _settle_drains(pools, holders, pinned, table)
     units: dict[str, tuple] = {}
     waiting = None
@@ -167,7 +172,7 @@ def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: "C
         units[r] = got
     holders[req.pid] = Holder(req.key, dict(req.slots), since, info.get("name", ""), info.get("kind", ""),
                               info.get("job", ""), req.pg, req.bundle, waiting)
-    grant = Grant(units, None, frozenset()) if waiting is None else Grant({}, waiting, blocked)
+    grant = Grant(units, None, frozenset(), req) if waiting is None else Grant({}, waiting, blocked, req)
     return _state(st, pools, holders, pgs), grant
 
 

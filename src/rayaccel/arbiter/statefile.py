@@ -196,13 +196,16 @@ class Arbiter:
             log.error("rayaccel arbiter: state file unreadable (%s); starting a fresh one", why)
             return fresh_state(self.pools, resets=1, reset_reason=why[:500])
 
-    def _save(self, st: ArbiterState) -> None:
+    def _save(self, st: ArbiterState) -> int:
+        """Replace the state file with ``st``; return its modification time (ns; a rename keeps it)."""
         fd = os.open(self._tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, encode_state(st))
+            mtime_ns = os.fstat(fd).st_mtime_ns
         finally:
             os.close(fd)
         os.replace(self._tmp_path, self.state_path)
+        return mtime_ns
 
     def _apply(self, step: Callable[[ArbiterState], tuple[ArbiterState, Any]], timeout_s: float | None = None) -> Any:
         """Run one pure transition under the lock; save when the state changed; return its result."""
@@ -233,18 +236,18 @@ class Arbiter:
         """Decide which units stand behind ``req``'s slots (see :func:`.decide.decide`).
 
         Returns:
-            The :class:`~.decide.Grant`; ``waiting`` set when it cannot be served now (retry,
-            after asking Ray about ``blocked_by`` when set).
+            The :class:`~.decide.Grant` (``asked`` is ``req``, ``state_mtime_ns`` the file as it wrote it);
+            ``waiting`` set when it cannot be served now (retry, after asking Ray about ``blocked_by`` when set).
         """
         t0 = time.perf_counter()
         with self._locked():
             st = self._load()
             new, g = D.decide(st, req, self.table, chooser=self.chooser, alive=self.alive, now=time.time())
-            self._save(new)
+            mtime_ns = self._save(new)
         dt = time.perf_counter() - t0
         if g.waiting is None and g.units:
             self._log_decision(dt, g)
-        return g._replace(seconds=dt)
+        return g._replace(seconds=dt, state_mtime_ns=mtime_ns)
 
     def release(self, pid: int, key: str | None = None) -> None:
         """Forget ``pid``'s grant (only grant ``key`` when given). Idempotent."""

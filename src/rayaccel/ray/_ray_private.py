@@ -91,46 +91,6 @@ def global_worker() -> Any:
     return worker.global_worker
 
 
-def resource_ids(worker: Any) -> dict[str, list[tuple[int, float]]]:
-    """The raylet's grant to the current task/actor: resource -> [(slot, fraction)]."""
-    return worker.core_worker.resource_ids()
-
-
-def grant_key(worker: Any) -> str:
-    """Identity of the current grant: the actor id in an actor, else the task id (hex)."""
-    actor = worker.core_worker.get_actor_id()
-    if not actor.is_nil():
-        return "actor:" + actor.hex()
-    return "task:" + worker.core_worker.get_current_task_id().hex()
-
-
-def holder_info(worker: Any) -> dict[str, Any]:
-    """What ``rayaccel status`` shows of the current holder (name, kind, job)."""
-    core = worker.core_worker
-    actor = core.get_actor_id()
-    if not actor.is_nil():
-        name = ""
-        try:
-            name = core.get_actor_name().decode("utf-8", "replace")
-        except (AttributeError, UnicodeError):
-            pass
-        cls = ""
-        try:
-            cls = core.get_current_task_name() or ""
-        except AttributeError:
-            pass
-        if not name and cls:
-            name = cls.split(".")[0]
-        return {"kind": "actor", "name": name or "actor", "id": actor.hex(), "job": core.get_current_job_id().hex()}
-    name = ""
-    try:
-        name = core.get_current_task_name() or ""
-    except AttributeError:
-        pass
-    return {"kind": "task", "name": name or "task", "id": core.get_current_task_id().hex(),
-            "job": core.get_current_job_id().hex()}
-
-
 def holder_identity(worker: Any) -> dict[str, str]:
     """Who the current holder is, for per-holder usage: ``id`` (actor or task id, hex), ``actor_class`` and
     ``actor_name`` in an actor (the name "" when it has none), ``task_function`` in a task (Ray's task name: the
@@ -185,12 +145,58 @@ def split_grant(ids: dict[str, list[tuple[int, float]]], managed: Any) -> tuple[
     return {r: tuple(sorted(d.items())) for r, d in out.items()}, pg, bundle
 
 
-def task_function_name(worker: Any) -> str:
-    """``<module>.<qualname>`` of the function the worker runs now (an actor's: its class's method)."""
+class RayGrant(NamedTuple):
+    """One grant as Ray made it: every fact of it rayaccel needs, read from the worker in one call (:func:`grant_of`).
+
+    Attributes:
+        key: ``task:<id>`` / ``actor:<id>``. slots: managed resource -> ``((slot, fraction), ...)``.
+        pg / bundle: the placement group (hex) and bundle index of a member's grant, else None.
+        function: ``<module>.<qualname>`` of the function the worker runs (``rayaccel.remote`` work is
+            recognised by it).
+        info: what ``rayaccel status`` shows of the holder (``name``, ``kind``, ``job``).
+        node_id: the worker's node (hex).
+    """
+
+    key: str
+    slots: dict
+    pg: str | None
+    bundle: int | None
+    function: str
+    info: dict
+    node_id: str
+
+
+def grant_of(worker: Any, managed: Any, last: RayGrant | None = None) -> RayGrant:
+    """The current grant of ``managed`` resources in this worker (see :class:`RayGrant`): one call, every fact.
+
+    ``last`` itself comes back when Ray's grant is still that one (the same key and slots): a grant
+    asked about again (``ray.get_gpu_ids()`` in the task) reads only its identity from Ray.
+    """
+    core = worker.core_worker
+    actor = core.get_actor_id()
+    key = "task:" + core.get_current_task_id().hex() if actor.is_nil() else "actor:" + actor.hex()
+    slots, pg, bundle = split_grant(core.resource_ids(), managed)
+    if last is not None and last.key == key and last.slots == slots:
+        return last
     try:
-        return worker.core_worker.get_current_task_function_name() or ""
+        function = core.get_current_task_function_name() or ""
     except AttributeError:
-        return ""
+        function = ""
+    try:
+        task = core.get_current_task_name() or ""
+    except AttributeError:
+        task = ""
+    if key[0] == "a":  # an actor: its name, else its class
+        name = ""
+        try:
+            name = core.get_actor_name().decode("utf-8", "replace")
+        except (AttributeError, UnicodeError):
+            pass
+        info = {"name": name or task.split(".")[0] or "actor", "kind": "actor"}
+    else:
+        info = {"name": task or "task", "kind": "task"}
+    info["job"] = core.get_current_job_id().hex()
+    return RayGrant(key, slots, pg, bundle, function, info, core.get_current_node_id().hex())
 
 
 def pg_bundles_on_node(pg_hex: str, node_id: str, resource: str = GPU) -> dict[int, float] | None:
@@ -217,16 +223,13 @@ def _pg_id(pg_hex: str) -> Any:
     return PlacementGroupID(bytes.fromhex(pg_hex))
 
 
-def node_id(worker: Any) -> str:
-    """Hex id of the worker's node."""
-    return worker.core_worker.get_current_node_id().hex()
-
-
-def install(get_ids: Callable, after_set_visible: Callable, after_task: Callable) -> bool:
+def install(get_ids: Callable, after_set_visible: Callable, after_task: Callable,
+            resources: Any = None) -> bool:
     """Wrap Ray's GPU-id function and visible-devices setter/resetter in this (worker) process (idempotent).
 
     ``get_ids(original, worker, resource_name, regex)`` replaces
-    ``Worker.get_accelerator_ids_for_accelerator_resource``; ``after_set_visible(saved)``
+    ``Worker.get_accelerator_ids_for_accelerator_resource`` for the names in ``resources``
+    (None: every name; Ray's other accelerators go straight to Ray's own); ``after_set_visible(saved)``
     runs after ``set_visible_accelerator_ids`` (before every normal task and at actor
     creation) and returns the (extended) saved variables; ``after_task()`` runs after
     ``reset_visible_accelerator_env_vars``, which ``_raylet.pyx`` calls when a normal
@@ -247,6 +250,8 @@ def install(get_ids: Callable, after_set_visible: Callable, after_task: Callable
 
     @functools.wraps(original)
     def patched(self, resource_name, resource_regex):
+        if resources is not None and resource_name not in resources:
+            return original(self, resource_name, resource_regex)
         return get_ids(original, self, resource_name, resource_regex)
 
     cls.get_accelerator_ids_for_accelerator_resource = patched
@@ -671,56 +676,6 @@ def cpu_target_hint() -> str:
 def call_on_actor(actor: Any, fn: Callable, *args: Any) -> Any:
     """Run ``fn(actor_instance, *args)`` in ``actor`` in RDT's short-call group; an ObjectRef."""
     return actor.__ray_call__.options(concurrency_group=RDT_SERVE_GROUP).remote(fn, *args)
-
-
-class RayGrant:
-    """One grant as Ray made it, read from the worker in one call (:func:`grant_of`): the facts of one event.
-
-    Attributes:
-        key: ``task:<id>`` / ``actor:<id>``. slots: managed resource -> ``((slot, fraction), ...)``.
-        pg / bundle: the placement group (hex) and bundle index of a member's grant, else None.
-        function: ``<module>.<qualname>`` of the function the worker runs (``rayaccel.remote`` work is
-            recognised by it). ``function``, ``info`` (what status shows of the holder) and ``node_id``
-            are read from Ray only when asked: a grant on the fast path (the same as the last) needs none.
-    """
-
-    __slots__ = ("key", "slots", "pg", "bundle", "_worker", "_function", "_info", "_node")
-
-    def __init__(self, worker: Any, managed: Any):
-        self._worker = worker
-        self._info: dict[str, Any] | None = None
-        self._node: str | None = None
-        self._function: str | None = None
-        self.key = grant_key(worker)
-        self.slots, self.pg, self.bundle = split_grant(resource_ids(worker), managed)
-
-    @property
-    def sig(self) -> tuple:
-        """(key, slots): a grant with the same sig is the same grant."""
-        return self.key, tuple(sorted(self.slots.items()))
-
-    @property
-    def function(self) -> str:
-        if self._function is None:
-            self._function = task_function_name(self._worker)
-        return self._function
-
-    @property
-    def info(self) -> dict[str, Any]:
-        if self._info is None:
-            self._info = holder_info(self._worker)
-        return self._info
-
-    @property
-    def node_id(self) -> str:
-        if self._node is None:
-            self._node = node_id(self._worker)
-        return self._node
-
-
-def grant_of(worker: Any, managed: Any) -> RayGrant:
-    """The current grant of ``managed`` resources in this worker (see :class:`RayGrant`)."""
-    return RayGrant(worker, managed)
 
 
 def local_gcs_addresses() -> list[str]:

@@ -99,7 +99,7 @@ def get_devices() -> Assignment:
         if p.parent not in order:
             order.append(p.parent)
     devices = tuple(topo.device(i) for i in order)
-    gpu = [f for _, f in dict(cur.sig[1]).get(GPU, ())]
+    gpu = [f for _, f in cur.asked.slots.get(GPU, ())]
     shared = bool(gpu) and gpu[0] < 1 - 1e-6
     mem: dict[int, int] = {}
     for d in devices:
@@ -123,7 +123,7 @@ def get_devices() -> Assignment:
 def _memory_cap(ns: Any, cur: Any, fractions: tuple[float, ...]) -> MemoryCap | None:
     from rayaccel.ray.worker import memcap
 
-    gm = getattr(cur.request, "gpu_memory", None)
+    gm = getattr(cur.asked.request, "gpu_memory", None)
     if gm is None and os.environ.get("RAYACCEL_GPU_MEMORY_BYTES"):  # a gpu_memory share: Ray's fraction is its bytes
         gm = int(os.environ["RAYACCEL_GPU_MEMORY_BYTES"])
     share = memcap.share_of(fractions, cur.devices, hook.device_bytes(ns), gm)

@@ -29,9 +29,17 @@ another worker holds; ``rayaccel status`` and ``doctor`` report GPU slots held w
 
 Start-up cost is what every Ray worker of the node pays, so this module imports only
 the standard library, :mod:`._ray_private` and the arbiter's small worker-side modules.
-It reads the node table, opens the arbiter's files, rehearses one grant (nothing saved)
+It reads the node table, opens the arbiter's files, rehearses one grant (nothing saved, and
+without the node's lock: a new worker never waits for the node's grants, nor they for it)
 and starts its releaser thread when it installs, at worker start (a worker Ray keeps idle
 does it before any task reaches it), not at the first grant.
+
+One grant, one value: Ray's grant is read in one call (:func:`._ray_private.grant_of`, a
+:class:`~._ray_private.RayGrant`), turned once into the arbiter's
+:class:`~rayaccel.arbiter.decide.GrantRequest`, and the arbiter's answer, a
+:class:`~rayaccel.arbiter.decide.Grant` that carries that request as ``asked``, is all this
+process keeps (:func:`current`); the ids Ray reads back and every variable are derived from it,
+each variable written once.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from rayaccel.arbiter.decide import Grant, GrantRequest
 from rayaccel.arbiter.state import GPU
@@ -64,29 +72,6 @@ WAIT_POLL_MAX_S = 0.25
 RELEASE_AFTER_S = 0.02
 #: How long a placement group seen alive is trusted to be alive, seconds.
 PG_ALIVE_TTL_S = 1.0
-
-
-class Current(NamedTuple):
-    """This process's current grant (one at a time: a task, or the actor).
-
-    Attributes:
-        sig: (grant key, slots) -- a grant with the same sig is the same grant.
-        ids: what Ray's GPU-id function returns (device indices, then MIG UUIDs).
-        devices: GPU devices in order. partitions: MIG instance keys.
-        units: the units of the node's other family (NeuronCores, TPU chips, ...), by resource.
-        key: the grant key. request: the constraints it was decided with (``rayaccel.remote``), or None.
-        state_mtime_ns: the state file's mtime right after this grant was written (a reused
-            worker granted the same slots while it is unchanged keeps its devices).
-    """
-
-    sig: tuple
-    ids: tuple
-    devices: tuple[int, ...]
-    partitions: tuple[str, ...]
-    key: str
-    request: Any = None
-    state_mtime_ns: int | None = None
-    units: Any = {}  # resource -> unit ids, for the node's family when it is not GPUs
 
 
 class _NodeSide:
@@ -156,8 +141,11 @@ class _Worker:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.node: _NodeSide | None = None
-        self.current: Current | None = None
-        self.last: Current | None = None  # the last grant decided plainly (what _same_as_last compares with)
+        #: Ray's grant this process serves now (None: none seen, or one left to a rayaccel.remote task's set-up)
+        self.ray: rp.RayGrant | None = None
+        #: the arbiter's answer to it (None: no units); ``current.asked.key`` is the key the state file holds
+        self.current: Grant | None = None
+        self.last: Grant | None = None  # the last grant decided plainly (what _same_as_last compares with)
         self.pending: dict[str, float] = {}  # grant key -> when it may be released
         self.release_event: threading.Event | None = None
         self.original_affinity: set[int] | None = None
@@ -185,8 +173,8 @@ def node() -> _NodeSide | None:
     return ns
 
 
-def current() -> Current | None:
-    """The grant this process holds now, as the arbiter decided it (None: no devices)."""
+def current() -> Grant | None:
+    """The grant this process holds now, as the arbiter decided it (``asked``: as Ray made it); None: no devices."""
     return _W.current
 
 
@@ -203,61 +191,66 @@ def _get_ids(original: Any, worker: Any, resource_name: str, regex: str) -> list
         return original(worker, resource_name, regex)
     if ns is None or resource_name not in ns.unit_resources:
         return original(worker, resource_name, regex)
-    cur = _ensure(ns, worker)
-    if cur is _DEFERRED:
+    g = _ensure(ns, worker)
+    if g is _DEFERRED:
         return original(worker, resource_name, regex)
-    return _ids_for(cur, resource_name)
+    return _ids_for(ns, g, resource_name)
 
 
-def _ids_for(cur: Current | None, resource: str) -> list:
-    """What Ray's accelerator-id function returns for ``resource``: GPUs (then MIG UUIDs), or the family's unit ids."""
-    if cur is None:
+def _ids_for(ns: _NodeSide, g: Grant | None, resource: str) -> list:
+    """What Ray's accelerator-id function returns for ``resource``: GPUs then MIG instances, as the node names
+    them (a preset node: the preset's own text; MIG: UUIDs), or the family's unit ids."""
+    if g is None:
         return []
-    return list(cur.ids) if resource == GPU else list(cur.units.get(resource, ()))
+    if resource != GPU:
+        return list(g.units.get(resource, ()))
+    t = ns.table.resources
+    ids: list = [t[GPU].uuid_of.get(d, d) for d in g.units.get(GPU, ())] if GPU in t else []
+    for r, us in g.units.items():
+        if r.startswith("mig_"):
+            ids += [t[r].uuid_of.get(u, u) for u in us]
+    return ids
 
 
-def _ensure(ns: _NodeSide, worker: Any) -> Current | None:
+def _ensure(ns: _NodeSide, worker: Any) -> Grant | None:
     """This worker's current grant, decided now if Ray's grant changed (or :data:`_DEFERRED`)."""
-    rg = rp.grant_of(worker, ns.managed)
-    sig = rg.sig
-    cur = _W.current
-    if cur is not None and cur.sig == sig:
-        return cur
+    seen = _W.ray
+    rg = rp.grant_of(worker, ns.managed, seen)
+    if rg is seen:
+        return _W.current
     with _W.lock:
-        cur = _W.current
-        if cur is not None and cur.sig == sig:
-            return cur
+        if rg.key == getattr(_W.ray, "key", None) and rg.slots == _W.ray.slots:
+            return _W.current  # another thread decided it meanwhile
         if not rg.slots:
-            if cur is not None:
+            if _W.current is not None:
                 _drop(ns)
+            _W.ray = rg
             return None
         if rg.function.startswith(REMOTE_MODULE):
             # rayaccel.remote work: its set-up (decide_with) decides once, with its constraints.
             # Until then (before user code) Ray's placeholder ids stand: no device.
-            _W.current = None
+            _W.current = _W.ray = None
             return _DEFERRED
-        again = _same_as_last(ns, sig, rg.pg)
-        if again is not None:
-            return again
-        return _decide(ns, rg, None)
+        if not _same_as_last(ns, rg):
+            _decide(ns, rg, None)
+        return _W.current
 
 
-def _same_as_last(ns: _NodeSide, sig: tuple, pg: str | None) -> Current | None:
+def _same_as_last(ns: _NodeSide, rg: rp.RayGrant) -> bool:
     """A reused worker granted the very slots it just had, while nothing else changed on the node.
 
     Its record still holds those slots (its release was pending, now superseded), so they
     kept their units; if the state file is untouched since this worker wrote it, no
     drain or other change happened either: the same units, with no lock and no I/O.
+    The grant stays the record's (its key is the state file's); Ray's new grant is what it serves.
     """
     last = _W.last
-    if last is None or pg is not None or last.request is not None or last.sig[1] != sig[1] \
-            or last.key not in _W.pending or last.state_mtime_ns is None:
-        return None
-    if ns.arbiter.state_mtime_ns() != last.state_mtime_ns:
-        return None
+    if last is None or rg.pg is not None or last.asked.slots != rg.slots or last.asked.key not in _W.pending \
+            or last.state_mtime_ns is None or ns.arbiter.state_mtime_ns() != last.state_mtime_ns:
+        return False
     _W.pending.clear()
-    _W.current = last._replace(sig=sig)
-    return _W.current
+    _W.current, _W.ray = last, rg
+    return True
 
 
 def _drop(ns: _NodeSide) -> None:
@@ -268,35 +261,24 @@ def _drop(ns: _NodeSide) -> None:
         log.warning("rayaccel hook: could not release this worker's grant: %s", e)
 
 
-def _decide(ns: _NodeSide, rg: Any, request: Any) -> Current:
-    """Ask the arbiter for Ray's grant ``rg`` (a :class:`~rayaccel.ray._ray_private.RayGrant`), waiting while
-    it cannot serve it; set the current grant."""
+def _decide(ns: _NodeSide, rg: rp.RayGrant, request: Any) -> Grant:
+    """Ask the arbiter for Ray's grant ``rg``, waiting while it cannot serve it; it is the current grant."""
     _W.pending.clear()  # this grant replaces this worker's record: nothing else to release
-    key, sig, slots, pg, bundle = rg.key, rg.sig, rg.slots, rg.pg, rg.bundle
-    info = rg.info
-    drain = _drain_target(info)
+    drain = drain_target(rg.info["name"]) if rg.info["kind"] == "actor" else None  # a drain placeholder's device
     pg_bundles = None
-    if pg is not None and bundle is not None:
+    if rg.pg is not None and rg.bundle is not None:
         st = ns.arbiter.peek()
-        if st is None or pg not in st.pgs:
-            res = next(iter(slots))
+        if st is None or rg.pg not in st.pgs:
+            res = next(iter(rg.slots))
             try:  # one GCS read, before the lock
-                pg_bundles = rp.pg_bundles_on_node(pg, rg.node_id, res)
+                pg_bundles = rp.pg_bundles_on_node(rg.pg, rg.node_id, res)
             except Exception as e:  # noqa: BLE001 - without the group's shape each member chooses alone
-                log.warning("rayaccel hook: placement group %s unreadable (%s); choosing this bundle alone", pg, e)
-    req = GrantRequest(pid=os.getpid(), key=key, slots=slots, pg=pg, bundle=bundle, pg_bundles=pg_bundles,
-                       request=request, drain=drain, info={k: v for k, v in info.items() if k != "id"})
-    g = _grant_waiting(ns, req)
-    gpu_ids = ns.table.resources[GPU].uuid_of if GPU in ns.table.resources else {}
-    ids: list = [gpu_ids.get(d, d) for d in g.devices]  # a preset node: the preset's own ids, as Ray gives them
-    ids += [ns.table.resources[r].uuid_of.get(u, u) for r, us in g.units.items() if r.startswith("mig_") for u in us]
-    others = {r: tuple(us) for r, us in g.units.items() if r != GPU and not r.startswith("mig_")}
-    plain = drain is None and request is None and pg is None
-    cur = Current(sig=sig, ids=tuple(ids), devices=g.devices, partitions=g.partitions, key=key, request=request,
-                  state_mtime_ns=ns.arbiter.state_mtime_ns() if plain else None, units=others)
-    _W.current = cur
-    _W.last = cur if plain else None
-    return cur
+                log.warning("rayaccel hook: placement group %s unreadable (%s); choosing this bundle alone", rg.pg, e)
+    g = _grant_waiting(ns, GrantRequest(os.getpid(), rg.key, rg.slots, rg.pg, rg.bundle, pg_bundles, request, drain,
+                                        rg.info))
+    _W.current, _W.ray = g, rg
+    _W.last = g if drain is None and request is None and rg.pg is None else None
+    return g
 
 
 def _grant_waiting(ns: _NodeSide, req: GrantRequest) -> Grant:
@@ -317,11 +299,6 @@ def _grant_waiting(ns: _NodeSide, req: GrantRequest) -> Grant:
             warned = now
         time.sleep(delay)
         delay = min(WAIT_POLL_MAX_S, delay * 2)
-
-
-def _drain_target(info: dict) -> int | None:
-    """The device a drain placeholder actor must hold (from its name), else None."""
-    return drain_target(info.get("name") or "") if info.get("kind") == "actor" else None
 
 
 def _pg_alive(pg: str) -> bool:
@@ -355,7 +332,7 @@ def _after_set_visible(saved: dict) -> dict:
         return saved
     if ns is None:
         return saved
-    cur = _ensure(ns, rp.global_worker()) if ns.families else _W.current
+    cur = _ensure(ns, rp.global_worker()) if ns.families else _W.current  # Ray asked for the GPUs' already
     if cur is _DEFERRED:
         cur = None
     for var in (*((ns.env_var,) if ns.gpus else ()), *ns.family_defaults, DEVICES_ENV, UCX_NET_DEVICES, *ns.nic_env):
@@ -374,10 +351,8 @@ def _after_set_visible(saved: dict) -> dict:
         if ns.gpus:
             _memory_cap(ns, None)
         return saved
-    if ns.gpus:
-        ids = ",".join(str(i) for i in cur.ids)
-        if os.environ.get(ns.env_var) != ids:  # Ray wrote CUDA_VISIBLE_DEVICES from these ids already
-            os.environ[ns.env_var] = ids
+    if ns.gpus:  # Ray wrote CUDA_VISIBLE_DEVICES from these ids already: written again only if it did not
+        _restore(ns.env_var, ",".join(map(str, _ids_for(ns, cur, GPU))))
         _memory_cap(ns, cur)
     devs = _indices(ns, cur)
     os.environ[DEVICES_ENV] = format_devices(devs)
@@ -399,11 +374,11 @@ def _after_set_visible(saved: dict) -> dict:
     return saved
 
 
-def _memory_cap(ns: _NodeSide, cur: Current | None) -> None:
+def _memory_cap(ns: _NodeSide, cur: Grant | None) -> None:
     """A share of a GPU (a slot fraction < 1, or ``gpu_memory``): cap this worker's memory (:mod:`.memcap`).
     A whole-GPU grant in a worker that never held a share returns at once (memcap is not even imported)."""
-    fr = dict(cur.sig[1]).get(GPU, ()) if cur is not None else ()
-    gm = getattr(cur.request, "gpu_memory", None) if cur is not None else None
+    fr = cur.asked.slots.get(GPU, ()) if cur is not None else ()
+    gm = getattr(cur.asked.request, "gpu_memory", None) if cur is not None else None
     if not (fr and fr[0][1] < 1 - 1e-6) and gm is None and "rayaccel.ray.worker.memcap" not in sys.modules:
         return
     from rayaccel.ray.worker import memcap
@@ -443,9 +418,11 @@ def _family_env(ns: _NodeSide, t: Any, units: tuple | None) -> None:
 
 
 def _restore(var: str, value: str | None) -> None:
+    """Set ``var`` to ``value`` (unset it for None), writing only when it changes: Ray's manager wrote the family's
+    variable from the same units already, and a variable is written once per grant."""
     if value is None:
         os.environ.pop(var, None)
-    else:
+    elif os.environ.get(var) != value:
         os.environ[var] = value
 
 
@@ -457,15 +434,15 @@ def _after_task() -> None:
     one lock cycle. Until then other grants see the devices held -- the safe side.
     """
     cur = _W.current
-    if cur is None or not cur.key.startswith("task:") or _W.node is None:
+    if cur is None or not cur.asked.key.startswith("task:") or _W.node is None:
         return
     with _W.lock:
         if _W.current is not cur:
             return
-        _W.current = None
+        _W.current = _W.ray = None
         _apply_affinity(None)
-        # cur.key is the key the state file holds (a reused worker's fast path keeps its first record)
-        _W.pending[cur.key] = time.monotonic() + RELEASE_AFTER_S
+        # the key the state file holds (a reused worker's fast path keeps its first record)
+        _W.pending[cur.asked.key] = time.monotonic() + RELEASE_AFTER_S
     _release_thread()
 
 
@@ -510,14 +487,14 @@ def _releaser(ev: threading.Event) -> None:
                 log.warning("rayaccel hook: could not release a finished task's grant: %s", e)
 
 
-def _indices(ns: _NodeSide, cur: Current) -> list[int]:
+def _indices(ns: _NodeSide, cur: Grant) -> list[int]:
     """The devices of the grant: its GPUs, then the parents of its MIG instances, then the devices of
     the family's units (NeuronCores, TPU chips, ...), each once, in that order."""
-    out = list(cur.devices)
+    out = list(cur.units.get(GPU, ()))
     for r, t in ns.table.resources.items():
         if r == GPU:
             continue
-        for k in (*cur.partitions, *cur.units.get(r, ())):
+        for k in cur.units.get(r, ()):
             p = t.device_of.get(k)
             if p is not None and p not in out:
                 out.append(p)
@@ -561,7 +538,7 @@ def nics() -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for i in _indices(ns, cur) for n in ns.table.nics.get(i, ())))
 
 
-def decide_with(request: Any) -> Current | None:
+def decide_with(request: Any) -> Grant | None:
     """Decide the current grant with ``request``'s constraints (``rayaccel.remote`` work, before user code).
 
     The one decision for such work: the hook left its grant undecided (see the module
@@ -572,7 +549,8 @@ def decide_with(request: Any) -> Current | None:
     ns = node()
     if ns is None:
         return None
-    rg = rp.grant_of(rp.global_worker(), ns.managed)
+    seen = _W.ray
+    rg = rp.grant_of(rp.global_worker(), ns.managed, seen)
     if getattr(request, "near_node", None) is not None:
         from dataclasses import replace
 
@@ -583,11 +561,12 @@ def decide_with(request: Any) -> Current | None:
         request = None
     with _W.lock:
         cur = _W.current
-        if cur is not None and cur.sig == rg.sig and cur.request == request:
+        if cur is not None and rg is seen and cur.asked.request == request:
             return cur
         if not rg.slots:
             if cur is not None:
                 _drop(ns)
+            _W.ray = rg
             return None
         new = _decide(ns, rg, request)
     _after_set_visible({})
@@ -605,17 +584,18 @@ def _constrained(request: Any) -> bool:
 def _install() -> bool:
     if not os.environ.get(NODE_DIR_ENV):
         return False
-    done = rp.install(_get_ids, _after_set_visible, _after_task)
+    ns = None
     try:  # the node table and the arbiter's files at worker start, not on the first task's path
         ns = node()
         if ns is not None:
             ns.arbiter.open()
             if ns.gpus:
-                ns.arbiter.rehearse(GPU)
+                ns.arbiter.rehearse(GPU)  # no lock: a new worker never waits for the node's grants
             _start_releaser()
     except Exception:  # noqa: BLE001 - the first grant reports it (node() raises there again)
-        _W.node = None
-    return done
+        _W.node = ns = None
+    # Ray asks the hook only about the resources the node's arbiter maps (every one while the table is unreadable)
+    return rp.install(_get_ids, _after_set_visible, _after_task, resources=ns.unit_resources if ns else None)
 
 
 _install()
