@@ -154,7 +154,7 @@ class RayGrant(NamedTuple):
         function: ``<module>.<qualname>`` of the function the worker runs (``rayaccel.remote`` work is
             recognised by it).
         info: what ``rayaccel status`` shows of the holder (``name``, ``kind``, ``job``).
-        node_id: the worker's node (hex).
+        node_id: the worker's node (hex; read at the process's first grant).
     """
 
     key: str
@@ -196,7 +196,13 @@ def grant_of(worker: Any, managed: Any, last: RayGrant | None = None) -> RayGran
     else:
         info = {"name": task or "task", "kind": "task"}
     info["job"] = core.get_current_job_id().hex()
-    return RayGrant(key, slots, pg, bundle, function, info, core.get_current_node_id().hex())
+    global _NODE_ID
+    if _NODE_ID is None:  # a worker's node never changes: read once per process
+        _NODE_ID = core.get_current_node_id().hex()
+    return RayGrant(key, slots, pg, bundle, function, info, _NODE_ID)
+
+
+_NODE_ID: str | None = None
 
 
 def pg_bundles_on_node(pg_hex: str, node_id: str, resource: str = GPU) -> dict[int, float] | None:
