@@ -1,5 +1,8 @@
 """Simulated nodes look like real ones: rayaccel's resources and labels vs what Ray 2.60 itself computes.
 
+On a release whose managers are older (Ray 2.48: no node labels, older model tables) the module is skipped:
+rayaccel follows the newest release's managers.
+
 Ray's own accelerator managers are called with the device model (their static naming
 methods) or with their discovery fed the same real captures rayaccel imports (``neuron-ls
 --json-output``, GKE's TPU variables, a stand-in ``acl`` / ``habana_frameworks`` module),
@@ -18,6 +21,15 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ray")
+
+import importlib.util  # noqa: E402
+
+from rayaccel.ray import _ray_private as _rp  # noqa: E402
+
+if importlib.util.find_spec("ray._private.resource_and_label_spec") is None:  # Ray 2.48
+    pytest.skip(f"Ray {_rp.release()} does not carry the accelerator managers rayaccel's simulated nodes follow "
+                "(ResourceAndLabelSpec: no ray.io/accelerator-type or TPU labels; GeForce/RTX models named 'G'/'RTX'; "
+                "no MI350X/MI355X/MI50 ids, no TPU7x)", allow_module_level=True)
 
 from ray._private import accelerators as ray_accel  # noqa: E402
 from ray._private.accelerators import (AMDGPUAcceleratorManager, HPUAcceleratorManager,  # noqa: E402
