@@ -129,6 +129,18 @@ def meet(b, n: int, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def needs_feature(feature, why: str = "") -> None:
+    """Skip where the installed Ray lacks ``feature`` (a :data:`rayaccel.ray._ray_private.FEATURES` entry, found in
+    Ray itself, not from its version); ``why``: what the test would see without it."""
+    import pytest
+
+    from rayaccel.ray import _ray_private as rp
+
+    if not rp.capabilities()[feature.name]:
+        pytest.skip(f"Ray {rp.release()} does not carry {feature.name} (Ray >= {feature.since_text})"
+                    + (f": {why}" if why else ""))
+
+
 def needs_train_v2() -> None:
     """Skip where Ray Train's v2 worker groups are not the default (Ray < 2.51 without RAY_TRAIN_V2_ENABLED=1):
     Train v1 gives every worker of a node the union of that node's workers' devices."""

@@ -14,7 +14,7 @@ import re
 import time
 
 import pytest
-from raytest_helpers import wait_idle
+from raytest_helpers import needs_feature, wait_idle
 
 RACKS = (0, 1, 0, 1)
 
@@ -80,9 +80,7 @@ def test_every_tray_carries_its_ray_gpu_domain_label(idle_trays):
 def _needs_topology_strategy():
     from rayaccel.ray import _ray_private as rp
 
-    if not rp.capabilities()[rp.TOPOLOGY_STRATEGY.name]:
-        pytest.skip(f"Ray {rp.release()} does not carry {rp.TOPOLOGY_STRATEGY.name} "
-                    f"(Ray >= {rp.TOPOLOGY_STRATEGY.since_text})")
+    needs_feature(rp.TOPOLOGY_STRATEGY)
 
 
 def test_an_unchanged_ray_topology_strategy_group_lands_in_one_domain(idle_trays):
@@ -121,6 +119,9 @@ def test_with_one_tray_busy_a_gang_takes_both_trays_of_the_other_domain(idle_tra
     import ray
 
     import rayaccel
+    from rayaccel.ray import _ray_private as rp
+
+    needs_feature(rp.BUNDLE_LABELS, "Ray places a gang's bundles by PACK, not on the planned trays")
 
     domain_of = _domain_of(idle_trays)
     domains = _domains()
