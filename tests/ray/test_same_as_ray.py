@@ -22,6 +22,8 @@ pytestmark = pytest.mark.ray
 TOPOLOGIES = ("dgx1-v100", "pcie-8gpu-2socket")
 #: Depends on the machine's free memory at each start, not on who started the node.
 MACHINE_DEPENDENT = ("memory",)
+#: Each node's own id, different on every start (Ray 2.48 spells the key ``ray.io/node_id``).
+NODE_ID_LABELS = ("ray.io/node-id", "ray.io/node_id")
 
 
 def _seen() -> dict:
@@ -36,7 +38,7 @@ def _seen() -> dict:
                      "every node in Ray's view")
     avail = wait_for(lambda: (lambda a: a if a == total else None)(res(ray.available_resources())), 30,
                      "Ray's available resources to equal its totals (nothing held)")
-    labels = sorted(tuple(sorted((k, v) for k, v in (n.get("Labels") or {}).items() if k != "ray.io/node-id"))
+    labels = sorted(tuple(sorted((k, v) for k, v in (n.get("Labels") or {}).items() if k not in NODE_ID_LABELS))
                     for n in ray.nodes())
     return {"total": total, "available": avail,
             "actors": sorted((a.class_name, a.state) for a in list_actors()),
