@@ -248,21 +248,32 @@ def test_doctor_fails_on_mixed_versions():
 
 
 def test_metrics_reach_rays_prometheus_endpoint(cluster):
+    """Each node's agent is a driver of the raylet ``ray.init`` picks on its host: its own in a real cluster
+    (one node a host), any node's on this one-host cluster (the head's on recent releases, an arbitrary one on
+    2.48). Its metrics leave through that node's metrics agent, so scrape every node's endpoint, as Prometheus
+    does (Ray's service discovery lists them all)."""
+    import ray
+
     from rayaccel import metrics_names as M
 
-    url = f"http://127.0.0.1:{cluster.metrics_port}/metrics"
+    dgx = node_named(cluster, "dgx1-v100")
+    prefix = M.exported(M.DEVICE_STATE) + "{"
 
     def scraped():
-        try:
-            text = urllib.request.urlopen(url, timeout=5).read().decode()
-        except OSError:
-            return None
-        return text if M.exported(M.DEVICE_STATE) in text and M.exported(M.DEVICE_DRAINED) in text else None
+        urls = [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics"
+                for n in ray.nodes() if n["Alive"] and n.get("MetricsExportPort")]
+        for url in urls:
+            try:
+                text = urllib.request.urlopen(url, timeout=5).read().decode()
+            except OSError:
+                continue
+            lines = [l for l in text.splitlines() if l.startswith(prefix) and f'node="{dgx.node_key}"' in l
+                     and 'device="0"' in l]
+            if lines and M.exported(M.DEVICE_DRAINED) in text:
+                return lines
+        return None
 
-    text = wait_for(scraped, 60, "rayaccel's metrics on the head's metrics endpoint")
-    dgx = node_named(cluster, "dgx1-v100")
-    lines = [l for l in text.splitlines() if l.startswith(M.exported(M.DEVICE_STATE) + "{") and
-             f'node="{dgx.node_key}"' in l and 'device="0"' in l]
+    lines = wait_for(scraped, 60, "rayaccel's metrics of the DGX-1's device 0 on a node's metrics endpoint")
     value = {l.split('state="')[1].split('"')[0]: float(l.rsplit(" ", 1)[1]) for l in lines}
     # the cluster is idle (the fixture checks): device 0 is free, and exactly one state holds
     assert value["free"] == 1.0 and sum(value.values()) == 1.0 and set(value) >= {"busy", "drained", "failed"}
