@@ -146,28 +146,39 @@ def test_devices_come_back_after_sigkill_and_actor_kill(cluster):
     ray.kill(a)
 
 
-def test_work_on_a_removed_node_is_retried_on_a_live_one(cluster):
+def test_work_on_a_removed_node_is_retried_on_a_live_one(cluster, tmp_path):
     import ray
 
+    from rayaccel._proc import state
+
     nid = cluster.add_node("hgx-h100")
+    started, go = tmp_path / "started", tmp_path / "node-removed"
+    started.mkdir()
 
     @rayaccel.remote(gpus=4, interconnect="nvlink", max_retries=3)
-    def long():
+    def long(started, go):
+        import os
         import time
 
-        time.sleep(2.0)
-        return ray.get_runtime_context().get_node_id()
+        node = ray.get_runtime_context().get_node_id()
+        with open(os.path.join(started, node), "w") as f:
+            f.write(str(os.getpid()))
+        while not os.path.exists(go):  # holds its devices until its node and this worker are gone
+            time.sleep(0.05)
+        return node
 
     from rayaccel.ray.driver.view import view
 
     view().invalidate()
-    ref = long.remote()  # the H100 box is the best (NV18 everywhere): it lands there first
-    wait_for(lambda: _busy_on(nid), 30, "the task to start on the new node")
-    cluster.remove_node(nid)
+    ref = long.remote(str(started), str(go))  # the H100 box is the best (NV18 everywhere): it lands there first
+    try:
+        first = wait_for(lambda: sorted(p for p in started.iterdir() if p.read_text()), 120, "the task to start")
+        assert [p.name for p in first] == [nid], f"started on {[p.name for p in first]}, not the new node {nid}"
+        pid = int(first[0].read_text())
+        cluster.remove_node(nid)
+        # a worker outliving its raylet for a moment could still answer its owner: let the retry return only once
+        # the first worker is gone
+        wait_for(lambda: state(pid) in (None, "Z", "X"), 60, "the removed node's worker to exit")
+    finally:
+        go.touch()
     assert ray.get(ref, timeout=120) == node_named(cluster, "dgx1-v100").node_id  # not pinned to the dead node
-
-
-def _busy_on(node_id):
-    from ray._private import state
-
-    return state.available_resources_per_node().get(node_id, {}).get("GPU", 8) < 8
