@@ -65,6 +65,8 @@ def test_init_keeps_the_callers_resources_and_labels(ray_env):
 
     import rayaccel
 
+    if ray.is_initialized():
+        ray.shutdown()  # the session's cluster connection (an earlier module's); the cluster fixture connects again
     with pytest.raises(ClusterError, match="give num_gpus="):
         rayaccel.init(topology="dgx1-v100", resources={"GPU": 8})
     assert not ray.is_initialized()  # nothing half-started
