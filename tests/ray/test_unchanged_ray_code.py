@@ -195,8 +195,12 @@ def test_serve_replicas_and_placement_group_bundles_see_distinct_devices(topo):
         def __call__(self, request=None):
             return ray.get_gpu_ids()
 
+    # The replica needs the first bundle's CPU; the GPU bundles hold no CPU, as vLLM's do. Serve on Ray 2.48
+    # does not pin a replica to bundle 0 (its deployment scheduler asks for any bundle; 2.60's pins it): with a
+    # CPU in every bundle the replica can land in a GPU bundle and wait forever for its own shard, on plain
+    # Ray 2.48 too.
     @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 1},
-                      placement_group_bundles=[{"CPU": 1}, {"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}],
+                      placement_group_bundles=[{"CPU": 1}, {"GPU": 1}, {"GPU": 1}],
                       placement_group_strategy="STRICT_PACK")
     class TensorParallel:
         def __init__(self):
@@ -204,7 +208,7 @@ def test_serve_replicas_and_placement_group_bundles_see_distinct_devices(topo):
 
             pg = ray.util.get_current_placement_group()
 
-            @ray.remote(num_gpus=1)
+            @ray.remote(num_cpus=0, num_gpus=1)
             def shard():
                 return ray.get_gpu_ids()
 
