@@ -203,6 +203,14 @@ def test_ray_start_takes_the_familys_resource_at_the_nodes_count():
     assert '"neuron_cores": 4' in res and '"team": 1' in res
 
 
+def test_init_takes_the_familys_resource_at_the_nodes_count():
+    """rayaccel.init(resources={"neuron_cores": 4}) on a trn1: the node's own count, not a clash."""
+    from rayaccel.ray.driver.init import with_caller_resources
+
+    topo, _ = given(catalog.load("trn1-32xlarge"), {}, resources={"neuron_cores": 4})
+    assert with_caller_resources(node_resources(topo)[1], {"neuron_cores": 4})["neuron_cores"] == 4
+
+
 # --------------------------------------------------------------------- the arbiter chooses only among them
 @settings(max_examples=40, deadline=None)
 @hgiven(data=st.data())
