@@ -120,14 +120,6 @@ def test_mig_uuids_keep_those_instances():
     assert p.ray_ids == tuple(q.uuid for q in parts)
 
 
-def test_a_partial_non_gpu_family_is_refused_by_name():
-    t = catalog.load("trn1-32xlarge")
-    if t is None:
-        pytest.fail("the catalog lacks a Neuron machine (expected trn1-32xl)")
-    with pytest.raises(ClusterError, match="NEURON_RT_VISIBLE_CORES=0,1: rayaccel cannot yet give a neuron_cores"):
-        given(t, {"NEURON_RT_VISIBLE_CORES": "0,1"})
-
-
 # ------------------------------------------------------------------- the node start
 def test_record_and_table_name_the_host_and_ray_ids(nvml_host, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYACCEL_STATE_DIR", str(tmp_path))

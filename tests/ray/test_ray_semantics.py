@@ -13,6 +13,11 @@ GPU UUIDs). What each test compares:
   a rayaccel node's default (``see-none``) gives it ``""`` (no device: what Ray writes with
   ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1``, and what Ray's older ``test_gpu_ids`` asserts), and ``zero_gpu_tasks="see-all"`` gives what
   plain Ray gives (the UUID cluster runs with it). The one documented difference (docs/ARCHITECTURE.md).
+
+Another family, one cluster each: a trn1.32xlarge given ``NEURON_RT_VISIBLE_CORES=4,5,6,7`` (a rayaccel node numbers
+those cores 0-3 over its two devices and names them by the host's ids) and a TPU v4-8 host given
+``TPU_VISIBLE_CHIPS=2,3``: the count advertised, the ids a task gets (``get_accelerator_ids()``) and its variable,
+one unit and all of them, and one actor per unit alive together holding exactly the preset.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import os
 
 import pytest
 
-from raytest_helpers import needs_feature, wait_idle
+from raytest_helpers import needs_feature, ray_free, wait_for, wait_idle
 
 pytestmark = pytest.mark.ray
 
@@ -183,3 +188,90 @@ def test_a_zero_gpu_task_sees_what_the_mode_says(pair):
     else:  # rayaccel's default: no device, "" as plain Ray writes it with RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1
         assert managed == ([], [], ""), managed
     wait_idle(c)
+
+
+# ------------------------------------------------------------ another family: Neuron, TPU
+#: family -> (machine, variable, preset, resource). A plain and a rayaccel node each given the preset; the plain
+#: node advertises the preset's count as Ray's manager would on that hardware (SimulatedCluster plain=).
+FAMILIES = {"neuron": ("trn1-32xlarge", "NEURON_RT_VISIBLE_CORES", "4,5,6,7", "neuron_cores"),
+            "tpu": ("tpu-v4-8", "TPU_VISIBLE_CHIPS", "2,3", "TPU")}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, ray_env):
+    """(cluster, preset ids, resource, variable): node 0 plain Ray, node 1 rayaccel, both given the family's preset."""
+    import ray
+
+    from rayaccel.ray.driver.cluster import SimulatedCluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    machine, var, value, resource = FAMILIES[request.param]
+    c = SimulatedCluster([machine, machine], plain=[0], num_cpus=4, env={var: value}, logging_level="ERROR",
+                         log_to_driver=False)
+    try:
+        yield c, value.split(","), resource, var
+    finally:
+        c.shutdown()
+
+
+def _family_idle(c, resource):
+    def free(node_id):
+        avail, total = ray_free(node_id)
+        return abs(avail.get(resource, 0.0) - total.get(resource, 0.0)) < 1e-6
+
+    wait_for(lambda: all(free(n) for n in c.node_ids), 30.0, f"every {resource} slot free")
+
+
+def _units_seen(resource, var):
+    import ray
+
+    return sorted(ray.get_runtime_context().get_accelerator_ids().get(resource, []), key=int), os.environ.get(var)
+
+
+def test_family_nodes_advertise_the_preset(family):
+    import ray
+
+    c, preset, resource, _ = family
+    have = {n["NodeID"]: n["Resources"].get(resource) for n in ray.nodes() if n["Alive"]}
+    assert [have[i] for i in c.node_ids] == [len(preset), len(preset)]
+
+
+@pytest.mark.parametrize("k", [1, "all"])
+def test_family_task_gets_the_presets_ids(family, k):
+    import ray
+
+    c, preset, resource, var = family
+    n = len(preset) if k == "all" else k
+    f = ray.remote(_units_seen)
+    plain, managed = _both(c, lambda node: ray.get(f.options(**_on(node, resources={resource: n})).remote(
+        resource, var)))
+    assert len(plain[0]) == len(managed[0]) == n and set(plain[0]) <= set(preset), (plain, managed)
+    assert set(managed[0]) <= set(preset), managed  # the preset's own text, never a unit outside it
+    for ids, value in (plain, managed):
+        assert sorted(value.split(","), key=int) == ids  # the variable names the same ids
+    if n == len(preset):
+        assert plain[0] == managed[0] == sorted(preset, key=int)
+    _family_idle(c, resource)
+
+
+def test_family_units_held_at_once_are_the_preset(family):
+    """One actor per unit, all alive together: on both nodes they hold exactly the preset, each unit once."""
+    import ray
+
+    c, preset, resource, var = family
+
+    class A:
+        def seen(self):
+            return _units_seen(resource, var)
+
+    def hold(node):
+        actors = [ray.remote(A).options(**_on(node, resources={resource: 1}, num_cpus=0)).remote() for _ in preset]
+        out = ray.get([a.seen.remote() for a in actors])
+        for a in actors:
+            ray.kill(a)
+        return sorted((ids[0] for ids, _ in out), key=int)
+
+    plain, managed = _both(c, hold)
+    assert plain == managed == sorted(preset, key=int), (plain, managed)
+    _family_idle(c, resource)

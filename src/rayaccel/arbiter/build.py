@@ -45,8 +45,9 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: Ra
             Gaudi modules, a plugin's devices: :func:`~rayaccel.placement.units.node_units`), chosen
             by :func:`~rayaccel.placement.units.choose_units` at the grant.
 
-        ray_ids: device -> the id Ray hands out for it when the node was given a visible-devices preset
-            (``"4"``, ``"GPU-..."``; stored as the ``GPU`` units' ``uuid_of``), else None (Ray's integers).
+        ray_ids: unit -> the id Ray hands out for it when the node was given a visible-devices preset
+            (``"4"``, ``"GPU-..."``; a GPU's unit is its device; stored as the resource's ``uuid_of``), else
+            None (Ray's integers: the units themselves). See :func:`rayaccel.ray.node.preset.table_ids`.
 
     Each device's nearest RDMA NICs come from :func:`rayaccel.topology.near_nics` (PIX, else PXB).
     """
@@ -61,8 +62,9 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: Ra
         # device units (Gaudi, Ascend, a plugin's) are placed as GPUs are: their plain plans too
         pre = plans(topology, ids) if spec.unit == "device" and not any(
             topology.device(i).health == "failed" for i in ids) else None
-        resources[spec.resource] = ResourceTable(spec.resource, "units", ids, {u.id: u.device for u in units}, {},
-                                                 pre, spec_fields(spec))
+        named = {u: ray_ids[u] for u in ids if u in ray_ids} if ray_ids else {}
+        resources[spec.resource] = ResourceTable(spec.resource, "units", ids, {u.id: u.device for u in units},
+                                                 named, pre, spec_fields(spec))
     parent = {p.key: p.parent for p in topology.partitions()}
     uuids = {p.key: p.uuid for p in topology.partitions() if p.uuid}
     for r, units in mig_pools(topology).items():

@@ -46,7 +46,7 @@ class ResourceTable(NamedTuple):
         units: the units in slot order at node start.
         device_of: unit -> its device index.
         uuid_of: unit -> the name the visible-devices variable uses for it when not the unit itself
-            (MIG instances: their UUID).
+            (MIG instances: their UUID; a node given a preset: the preset's text, e.g. the host's core id).
         plans: precomputed plain decisions (module docstring): ``plans[k - 1][mask]``, or None.
         spec: for an accelerator family other than GPUs, its :class:`~rayaccel.discovery.RaySpec`
             as a dict of fields (what the placer and the visible variables need), else None.

@@ -30,7 +30,9 @@ How :func:`choose_units` chooses, by unit:
 A grant that cannot get its shape (no device with ``k`` free cores, no free block) is a
 :class:`~rayaccel.placement.Rejection` saying so -- the caller waits for one to free --
 unless ``strict=False``, which takes the best-linked units there are and says that
-the shape was not met.
+the shape was not met. Cores on devices of different core counts (a node given some cores of a
+device, :mod:`rayaccel.ray.node.preset`) have no whole-device shape for a request larger than a
+device, however long one waits: such a request takes the best-linked cores in either mode.
 """
 
 from __future__ import annotations
@@ -324,8 +326,9 @@ def _cores(topology: NodeTopology, spec: UnitSpec, plan: _Plan, usable: frozense
         return _spread(topology, plan, free_on, k, name, "no device has enough free cores")
     whole = frozenset(d for d, f in free_on.items() if len(f) == cap[d])
     if len(set(cap.values())) > 1:
-        return _spread(topology, plan, free_on, k, name, "devices have different core counts") if not strict else \
-            Rejection((f"{k} {name} span devices of different core counts; not placed as whole devices",))
+        # no whole-device shape exists (a node given some cores of a device): waiting would never give one
+        return _spread(topology, plan, free_on, k, name, "devices have different core counts, so no set of whole "
+                                                         "devices fits")
     n_full, rest = divmod(k, most)
     n = n_full + (1 if rest else 0)
     partial = frozenset(d for d, f in free_on.items() if rest and rest <= len(f) < cap[d])

@@ -9,8 +9,9 @@ For tests, the demo and benchmarks::
         ref = my_task.remote()
         c.remove_node(c.node_ids[1])
 
-``plain=`` adds nodes the way plain ``ray start --num-gpus=N`` would (no rayaccel):
-for side-by-side comparisons and for ``doctor``'s mixed-cluster checks.
+``plain=`` adds nodes the way plain ``ray start --num-gpus=N`` would (no rayaccel; another family's
+resource counted as Ray's manager counts it, ``{"neuron_cores": 32}``): for side-by-side comparisons
+and for ``doctor``'s mixed-cluster checks.
 
 :func:`managed_node_args` is the one step that turns ``Cluster.add_node``'s arguments for a plain
 node into a rayaccel node's (the caller's resources and labels kept): ``SimulatedCluster`` uses it,
@@ -36,7 +37,7 @@ from rayaccel.ray.driver import view
 from rayaccel.ray.driver.init import check_caller_args, with_caller_resources
 from rayaccel.ray.node.preset import given
 from rayaccel.ray.node.start import nic_env_names, node_env, prepare, resolve_topology, zero_gpu_mode
-from rayaccel.ray.record import NodeRecord, node_labels, node_resources
+from rayaccel.ray.record import NodeRecord, node_labels, node_resources, node_spec
 
 
 @dataclass
@@ -74,8 +75,8 @@ class SimulatedCluster:
         num_cpus: CPUs each node advertises (default 4), or one count per node.
         connect: connect this process as the driver (and publish the records, start the agents).
         object_store_memory: per node, bytes (default 100 MiB).
-        plain: positions in ``topologies`` to start as plain Ray nodes (``num_gpus`` only, no
-            rayaccel), e.g. to compare with Ray's own device choice on the same cluster.
+        plain: positions in ``topologies`` to start as plain Ray nodes (``num_gpus`` or the family's
+            resource only, no rayaccel), e.g. to compare with Ray's own device choice on the same cluster.
         env: extra environment variables for every node's raylet (and workers).
         metrics_export_port: the head's Prometheus endpoint port (None: Ray picks one).
         dashboard: start Ray's dashboard on the head (what ``ray.util.state`` asks; off by default: it is slow
@@ -165,6 +166,9 @@ class SimulatedCluster:
         if plain:
             topo, _ = given(topo, self.env)
             base.update(num_gpus=len(gpu_pool(topo)), env_vars=dict(self.env) or None)
+            spec = node_spec(topo)
+            if spec is not None and spec.resource != "GPU":  # what Ray's manager would count on that hardware
+                base["resources"] = {spec.resource: node_resources(topo)[1].get(spec.resource, 0.0)}
             if labels:
                 base["labels"] = dict(labels)
             return base, None, None

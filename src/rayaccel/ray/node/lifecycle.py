@@ -78,7 +78,8 @@ def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[
 
     Raises:
         ClusterError: ``--num-gpus`` given (rayaccel sets it from the topology), ``--resources``
-            that is not a JSON object of numbers or names a resource rayaccel manages.
+            that is not a JSON object of numbers or names a resource rayaccel manages (a family's resource
+            at the node's own count is kept: it gave the node part of the host, :mod:`.preset`).
     """
 
     args = list(ray_args)
@@ -103,7 +104,9 @@ def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[
         for k, v in extra.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e15:
                 raise ClusterError(f"--resources: {k!r} must be a number >= 0, got {v!r}")
-        clash = sorted(k for k in extra if k in res or k in ("GPU", "CPU") or k.startswith(("mig_", "rayaccel_")))
+        # the family's resource at the node's own count is what gave it part of the host (preset.py): kept
+        clash = sorted(k for k in extra if (k in res and extra[k] != res[k]) or k in ("GPU", "CPU")
+                       or k.startswith(("mig_", "rayaccel_")))
         if clash:
             raise ClusterError(f"--resources names {clash[0]!r}, which rayaccel (or --num-cpus/--num-gpus) sets")
         res.update(extra)

@@ -40,7 +40,7 @@ from rayaccel.errors import BackendUnavailable, ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp
 from rayaccel.ray.node import nodedir
-from rayaccel.ray.node.preset import Preset
+from rayaccel.ray.node.preset import Preset, table_ids, table_spec
 from rayaccel.contract import (NODE_VISIBLE_ENV, ZERO_GPU_ENV, ZERO_GPU_MODES)
 from rayaccel.contract import (HOOK_MODULE, NIC_ENV_ENV, NODE_DIR_ENV, NODE_KEY_ENV, TABLE_FILE, UNHOOKED_PREFIX,
                                new_node_key, parse_nic_env)
@@ -203,7 +203,8 @@ def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None
     The table (:mod:`rayaccel.arbiter.table`) is what the node's workers read at a grant;
     building it precomputes the placer's plain decisions for pools of up to 8 devices.
     ``preset``: the devices the node was given (:mod:`.preset`; ``topology`` is already restricted
-    to them): the record names the host's devices too, the table the ids Ray hands out for each.
+    to them): the record names the host's devices too, the table the ids Ray hands out for each unit
+    (:func:`~.preset.table_ids`).
     """
 
     key = node_key or new_node_key()
@@ -211,10 +212,10 @@ def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None
     given = preset is not None and preset.restricted
     record = NodeRecord(key, topology, simulated, host=preset.host if given else None,
                         given_by=preset.source if given else None)
-    ids = dict(zip(preset.devices, preset.ray_ids)) if given and preset.ray_ids and preset.partitions is None else None
+    spec = node_spec(topology)
     nodedir.write_record(d, record.to_json())
-    nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated, node_spec(topology),
-                                                               ray_ids=ids)))
+    nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated, table_spec(spec, preset),
+                                                               ray_ids=table_ids(topology, spec, preset))))
     return record, d
 
 

@@ -199,12 +199,13 @@ def _get_ids(original: Any, worker: Any, resource_name: str, regex: str) -> list
 
 def _ids_for(ns: _NodeSide, g: Grant | None, resource: str) -> list:
     """What Ray's accelerator-id function returns for ``resource``: GPUs then MIG instances, as the node names
-    them (a preset node: the preset's own text; MIG: UUIDs), or the family's unit ids."""
+    them (a preset node: the preset's own text; MIG: UUIDs), or the family's unit ids (a preset's text)."""
     if g is None:
         return []
-    if resource != GPU:
-        return list(g.units.get(resource, ()))
     t = ns.table.resources
+    if resource != GPU:
+        named = t[resource].uuid_of if resource in t else {}
+        return [named.get(u, u) for u in g.units.get(resource, ())]
     ids: list = [t[GPU].uuid_of.get(d, d) for d in g.units.get(GPU, ())] if GPU in t else []
     for r, us in g.units.items():
         if r.startswith("mig_"):
@@ -411,7 +412,7 @@ def _family_env(ns: _NodeSide, t: Any, units: tuple | None) -> None:
 
         env = visible_env(ns.topology, spec_of(t.spec), units)
     else:
-        text = ",".join(map(str, units))
+        text = ",".join(str(t.uuid_of.get(u, u)) for u in units)  # a preset node: the preset's ids
         env = {v: text for v in t.visible_env()}
     for v, value in env.items():
         _restore(v, value)
