@@ -67,7 +67,8 @@ NIC_ENV_VARS = {"NCCL_IB_HCA": ("hca", "="), "NVSHMEM_HCA_LIST": ("hca", ""), "N
 #: The devices of a worker's current grant, in order (``0,3``), written by the hook at each grant: what
 #: the tensor transport and the store inside the worker read (:func:`format_devices`, :func:`parse_devices`).
 DEVICES_ENV = "RAYACCEL_DEVICES"
-#: Who a worker's current grant belongs to, ``<pid>:<grant key>`` (``4242:actor:ab12...``), written by the hook with
+#: Who a worker's current grant belongs to, ``<pid>:<grant key>:<name>`` (``4242:actor:ab12...:Trainer``: the actor's
+#: name or class, the task's function), written by the hook with
 #: :data:`DEVICES_ENV` at each grant and removed when the worker holds nothing: a process the worker starts inherits
 #: both, so the node agent's leak watcher (:mod:`rayaccel.ray.node.leaks`) knows which holder a process that outlives
 #: its worker came from, even when its parent chain is broken (:func:`format_holder`, :func:`parse_holder`).
@@ -202,19 +203,20 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
         return None
 
 
-def format_holder(pid: int, key: str) -> str:
-    """:data:`HOLDER_ENV`'s value for the grant ``key`` of worker ``pid``: ``"4242:actor:ab12"``."""
-    return f"{int(pid)}:{key}"
+def format_holder(pid: int, key: str, name: str = "") -> str:
+    """:data:`HOLDER_ENV`'s value for the grant ``key`` (``actor:<hex>`` / ``task:<hex>``) of worker ``pid`` named
+    ``name``: ``"4242:actor:ab12:Trainer"`` (the name shortened to 200 characters, NULs dropped)."""
+    return f"{int(pid)}:{key}:{name.replace(chr(0), '')[:200]}"
 
 
-def parse_holder(text: str | None) -> tuple[int, str] | None:
-    """``(worker pid, grant key)`` from :data:`HOLDER_ENV`'s value; None when unset or malformed."""
-    if not text:
+def parse_holder(text: str | None) -> tuple[int, str, str] | None:
+    """``(worker pid, grant key, name)`` from :data:`HOLDER_ENV`'s value; None when unset or malformed."""
+    if not text or len(text) > 512:
         return None
-    pid, _, key = text.partition(":")
-    if not pid.isdigit() or len(pid) > 10 or not key or len(key) > 200:
+    parts = text.split(":", 3)
+    if len(parts) < 3 or not parts[0].isdigit() or len(parts[0]) > 10 or not parts[1] or not parts[2]:
         return None
-    return int(pid), key
+    return int(parts[0]), f"{parts[1]}:{parts[2]}", parts[3] if len(parts) > 3 else ""
 
 
 def host_rdma_devices() -> frozenset[str]:

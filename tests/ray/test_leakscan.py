@@ -44,7 +44,7 @@ def _node_env(**extra):
 
 def _granted(devs, holder_pid, key):
     """What a process a worker started after its grant inherits."""
-    return _node_env(**{DEVICES_ENV: ",".join(map(str, devs)), HOLDER_ENV: format_holder(holder_pid, key),
+    return _node_env(**{DEVICES_ENV: ",".join(map(str, devs)), HOLDER_ENV: format_holder(holder_pid, key, "Trainer"),
                         "CUDA_VISIBLE_DEVICES": ",".join(map(str, devs))})
 
 
@@ -67,7 +67,7 @@ def test_a_child_that_outlived_its_worker_is_a_leak_of_its_device_and_names_its_
     _proc(proc, 300, 1, env=_granted([2], 200, "actor:aa11"), cmd="python -c import time; time.sleep(600)")
     (leak,) = _find(proc)
     assert (leak.device, leak.pid, leak.evidence, leak.ours) == (2, 300, "marker", True)
-    assert (leak.holder_pid, leak.holder_key) == (200, "actor:aa11")
+    assert (leak.holder_pid, leak.holder_key, leak.holder_name) == (200, "actor:aa11", "Trainer")
     assert leak.command.startswith("python -c import time")
     assert leak.start == 1300
 
@@ -189,6 +189,18 @@ def test_the_raylet_is_found_from_the_holders_when_not_given(proc):
     procs = scan(str(proc), uid=UID, keys=leakscan.keys_for("CUDA_VISIBLE_DEVICES"))
     assert find(procs, {200: Holder(200, "actor:a", frozenset({1}))}, node_dir=NODE, uid=UID,
                 visible_var="CUDA_VISIBLE_DEVICES", ids=IDS) == []
+
+
+@pytest.mark.parametrize("text, parsed", [
+    (format_holder(42, "actor:ab12", "Trainer"), (42, "actor:ab12", "Trainer")),
+    (format_holder(42, "task:cd", "f:with:colons"), (42, "task:cd", "f:with:colons")),
+    ("42:task:cd", (42, "task:cd", "")),
+    ("", None), ("x:task:cd", None), ("42:task", None), ("42::cd", None), ("4" * 11 + ":a:b", None),
+])
+def test_the_holder_marker_round_trips_and_refuses_garbage(text, parsed):
+    from rayaccel.contract import parse_holder
+
+    assert parse_holder(text) == parsed
 
 
 def test_scan_reads_only_this_users_environments_and_what_it_is_asked(proc):

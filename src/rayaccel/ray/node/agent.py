@@ -110,6 +110,8 @@ class NodeAgent:
         period publishes the last snapshot with the holder named (``Snapshot.lock``).
         """
         lock = None
+        if self.leak_watch is not None:
+            self.leak_watch.remember()  # before the reaper forgets the holders that ended: a leak names its holder
         try:
             self.arbiter.reap(timeout_s=LOCK_TIMEOUT_S)
         except LockTimeout as e:

@@ -105,6 +105,19 @@ class LeakWatch:
         self.check()
 
     # ------------------------------------------------------------ finding
+    def remember(self) -> None:
+        """Note every holder in the arbiter's state, the dead not yet reaped included (the agent calls this before
+        its reaper runs): a short-lived holder's leaked child is then named by Ray's names."""
+        st = self.agent.arbiter.peek()
+        for pid, h in (st.holders.items() if st is not None else ()):
+            if h.drain is None:
+                self._note(pid, h)
+
+    def _note(self, pid: int, h: Any) -> None:
+        self.by_key[h.key] = (pid, h.name, h.kind, h.job)
+        self.by_key.move_to_end(h.key)
+        self.by_pid[pid] = h.key
+
     def _holders(self) -> tuple[dict[int, Holder], dict]:
         st = self.agent.arbiter.peek()
         if st is None:
@@ -115,9 +128,7 @@ class LeakWatch:
                 continue
             devs = frozenset(held_devices(h, st.pools, self.agent.table.device_of))
             out[pid] = Holder(pid, h.key, devs)
-            self.by_key[h.key] = (pid, h.name, h.kind, h.job)
-            self.by_key.move_to_end(h.key)
-            self.by_pid[pid] = h.key
+            self._note(pid, h)
         while len(self.by_key) > HISTORY:
             k, v = self.by_key.popitem(last=False)
             if self.by_pid.get(v[0]) == k:
@@ -306,6 +317,8 @@ class LeakWatch:
         if rec is not None and rec[0] == lk.holder_pid:
             _, name, kind, _ = rec
             return f"{kind or 'holder'} {name or '?'} (pid {lk.holder_pid})"
+        if lk.holder_name:  # what the worker's marker said at the grant
+            return f"{lk.holder_key.partition(':')[0] or 'holder'} {lk.holder_name} (pid {lk.holder_pid})"
         return f"pid {lk.holder_pid}" + (f" ({lk.holder_key})" if lk.holder_key else "")
 
     def _row(self, lk: Leak, drained: dict) -> dict:

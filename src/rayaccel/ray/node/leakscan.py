@@ -76,7 +76,8 @@ class Leak(NamedTuple):
         evidence: ``marker`` / ``visible-devices`` / ``nvml`` / ``cgroup`` (module docstring).
         ours: this user's, and carries this node's markers or descends from a worker of this node: may be ended.
         why: for a process that is not ours, why not.
-        holder_pid / holder_key: the holder it came from (its worker's pid and grant key; None / "" when unknown).
+        holder_pid / holder_key / holder_name: the holder it came from (its worker's pid, grant key and name as its
+            marker says; None / "" when unknown).
         used_bytes: device memory NVML says it uses (None: unknown).
     """
 
@@ -91,6 +92,7 @@ class Leak(NamedTuple):
     holder_pid: int | None
     holder_key: str
     used_bytes: int | None
+    holder_name: str = ""
 
 
 # ------------------------------------------------------------------ reading /proc
@@ -273,7 +275,7 @@ def find(procs: Mapping[int, Proc], holders: Mapping[int, Holder], *, node_dir: 
         if any(a in holders and d in holders[a].devices for a in chain):
             continue
         worker = next((a for a in chain if a in workers), None)
-        hpid, hkey = (marked if marked is not None else (worker, ""))
+        hpid, hkey, hname = marked if marked is not None else (worker, "", "")
         if hpid is None and pr.cgroup in worker_cgroups:
             hpid, hkey = worker_cgroups[pr.cgroup][0], worker_cgroups[pr.cgroup][1]
         if not hkey and hpid in holders:
@@ -284,7 +286,7 @@ def find(procs: Mapping[int, Proc], holders: Mapping[int, Holder], *, node_dir: 
         why = "" if ours else (f"another user's (uid {pr.uid})" if not mine and pr.uid is not None
                                else "another user's" if not mine
                                else "neither carries this node's markers nor descends from a worker of this node")
-        out.append(Leak(d, pid, pr.start, cmdline(pid), pr.uid, how, ours, why, hpid, hkey, used))
+        out.append(Leak(d, pid, pr.start, cmdline(pid), pr.uid, how, ours, why, hpid, hkey, used, hname))
     return sorted(out, key=lambda lk: (lk.device, lk.pid))
 
 

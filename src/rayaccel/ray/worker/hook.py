@@ -359,7 +359,7 @@ def _after_set_visible(saved: dict) -> dict:
     devs = _indices(ns, cur)
     os.environ[DEVICES_ENV] = format_devices(devs)
     # who this grant is: a process the task starts inherits it (the node agent's leak watcher reads it there)
-    os.environ[HOLDER_ENV] = format_holder(os.getpid(), cur.asked.key)
+    os.environ[HOLDER_ENV] = format_holder(os.getpid(), cur.asked.key, str(cur.asked.info.get("name") or ""))
     cpus: set[int] = set()
     for i in devs:
         cpus.update(ns.table.cpus.get(i, ()))
