@@ -59,6 +59,11 @@ def _cli(cluster, *args):
                           capture_output=True, text=True, timeout=120)
 
 
+def _json(out):
+    """The JSON object a ``--json`` command printed (past a line Ray's driver may print first about a removed node)."""
+    return json.loads(out if out.startswith("{") else out[out.index("\n{") + 1:])
+
+
 def _leak_one():
     """An actor on the node daemonises a child, then is killed. Returns (child pid, the actor's device)."""
     import ray
@@ -114,11 +119,11 @@ def test_a_killed_actors_escaped_child_fences_its_device_and_reclaim_ends_it(clu
         assert f"ended pid {pid}" in r.stdout and "Spawner" in r.stdout and "leak fence is lifted" in r.stdout
         assert not _alive(pid)
         wait_for(lambda: _node_row(NODE)["devices"][dev]["state"] == "free", 10, "the fence lifted")
-        st = json.loads(_cli(cluster, "status", "--json").stdout)
+        st = _json(_cli(cluster, "status", "--json").stdout)
         n = next(x for x in st["nodes"] if x["name"] == NODE)
         assert not n["leaks"]
         assert [e["action"] for e in n["leak_events"] if e["device"] == dev][-3:] == ["fenced", "reclaimed", "unfenced"]
-        doc = json.loads(_cli(cluster, "doctor", "--json").stdout)
+        doc = _json(_cli(cluster, "doctor", "--json").stdout)
         leak_rows = [r for r in doc["rows"] if r["name"] == "leaked processes" and r["node"] == node.node_key]
         assert leak_rows and leak_rows[0]["status"] == "ok"
     finally:

@@ -1,9 +1,11 @@
 """Leaked device processes on a node: one scan of ``/proc``, then a pure decision (:func:`find`).
 
 A *leak* is a process that uses a device of the node but is neither a live holder of that device
-nor started by one: the child a worker started that outlived it (a DataLoader worker, an inference
-engine's subprocess, anything started in its own session) keeps its CUDA context and device memory
-after Ray freed the slot. The evidence that a process uses device ``d``, strongest first:
+nor started by one, nor by a live worker of the node: the child a worker started that outlived it (a
+DataLoader worker, an inference engine's subprocess, anything started in its own session) keeps its CUDA
+context and device memory after Ray freed the slot. While its worker lives, a process it started is the
+worker's own business, as the worker's own CUDA context is (Ray keeps idle workers, and their helpers
+such as ``multiprocessing``'s resource tracker, which inherit the last grant's markers). The evidence that a process uses device ``d``, strongest first:
 
 * **marker**: its exec-time environment (``/proc/<pid>/environ``) names this node
   (:data:`~rayaccel.contract.NODE_DIR_ENV` equal to the node's directory) and carries
@@ -19,12 +21,13 @@ after Ray freed the slot. The evidence that a process uses device ``d``, stronge
 
 Never a leak: the node's raylet and every process it started itself (its workers, idle or not:
 a worker's exec-time environment is the raylet's, whatever it was granted since), a live holder of
-``d``, a descendant of one, or a process whose :data:`~rayaccel.contract.HOLDER_ENV` names a live
-holder of ``d`` (its parent chain may be broken: a daemonised child is reparented to init). A
-process of another node on the same machine (another node directory) is not this node's.
+``d``, a descendant of a live worker, or a process whose :data:`~rayaccel.contract.HOLDER_ENV` names a
+live worker older than it (its parent chain may be broken: a daemonised child is reparented to init).
+A process of another node on the same machine (another node directory) is not this node's.
 
 A leak is **ours** (``rayaccel reclaim`` may end it) when it runs as this user and carries this
-node's markers or descends from a worker of this node; any other is reported with why, never ended.
+node's markers (it was started, after a grant, by a worker of this node that has ended since) or sits
+in a gone worker's own cgroup; any other is reported with why, never ended.
 """
 
 from __future__ import annotations
@@ -271,21 +274,20 @@ def find(procs: Mapping[int, Proc], holders: Mapping[int, Holder], *, node_dir: 
         marked = parse_holder(env.get(HOLDER_ENV)) if env.get(HOLDER_ENV) != ambient.get(HOLDER_ENV) else None
         if marked is not None and marked[0] in holders and d in holders[marked[0]].devices:
             continue  # its holder lives and holds the device (the child may have been reparented)
+        if marked is not None and marked[0] in workers and (procs[marked[0]].start or 0) <= (pr.start or 0):
+            continue  # the worker that started it lives (idle, or holding other devices now): its own business
         chain = list(ancestors(pid))
-        if any(a in holders and d in holders[a].devices for a in chain):
-            continue
-        worker = next((a for a in chain if a in workers), None)
-        hpid, hkey, hname = marked if marked is not None else (worker, "", "")
-        if hpid is None and pr.cgroup in worker_cgroups:
+        if any(a in holders or a in workers for a in chain):
+            continue  # a live holder's or a live worker's descendant
+        hpid, hkey, hname = marked if marked is not None else (None, "", "")
+        in_cgroup = pr.cgroup is not None and pr.cgroup in worker_cgroups
+        if hpid is None and in_cgroup:
             hpid, hkey = worker_cgroups[pr.cgroup][0], worker_cgroups[pr.cgroup][1]
-        if not hkey and hpid in holders:
-            hkey = holders[hpid].key
         mine = pr.uid == uid
-        node_marked = env.get(NODE_DIR_ENV) == node_dir
-        ours = mine and (node_marked or worker is not None)
+        ours = mine and (env.get(NODE_DIR_ENV) == node_dir or in_cgroup)
         why = "" if ours else (f"another user's (uid {pr.uid})" if not mine and pr.uid is not None
                                else "another user's" if not mine
-                               else "neither carries this node's markers nor descends from a worker of this node")
+                               else "it carries no marker of this node's workers")
         out.append(Leak(d, pid, pr.start, cmdline(pid), pr.uid, how, ours, why, hpid, hkey, used, hname))
     return sorted(out, key=lambda lk: (lk.device, lk.pid))
 
