@@ -215,3 +215,44 @@ def test_a_fenced_device_shows_as_leaked_and_the_snapshot_carries_the_leaks():
     assert back.leaks["rows"] == rows
     states = [device_state(i, back, pool=frozenset({0, 1, 2}), partitioned=frozenset()) for i in (0, 1, 2)]
     assert states == ["free", "leaked", "drained"]
+
+
+def test_doctors_row_says_the_watcher_is_on_and_warns_of_each_leak():
+    from rayaccel.ray.driver.doctor import leak_row
+
+    assert leak_row("k", {"on": False}).status == "warn"
+    ok = leak_row("k", {"on": True, "rows": [], "reclaim_after_s": 300.0})
+    assert ok.status == "ok" and "after 300 s" in ok.detail
+    rows = [{"device": 2, "pid": 42, "command": "python x", "holder": "actor A (pid 7)", "ours": True},
+            {"device": 3, "pid": 43, "command": "nb", "holder": "an unknown holder", "ours": False, "why": "uid 9"}]
+    w = leak_row("k", {"on": True, "rows": rows, "reclaim_after_s": None})
+    assert w.status == "warn" and "pid 42 (python x) from actor A (pid 7)" in w.detail and "not ours: uid 9" in w.detail
+    assert w.fix.startswith("rayaccel reclaim k:2; rayaccel reclaim k:3")
+
+
+def test_status_and_top_show_the_leaks_table():
+    from rich.console import Console
+
+    from rayaccel.cli.views import leaks_table
+
+    rows = [{"device": 2, "pid": 42, "command": "python -c sleep", "holder": "actor Spawner (pid 7)",
+             "since": time.time() - 30, "used_bytes": 1 << 30, "ours": True, "fenced": True},
+            {"device": 2, "pid": 43, "command": "nb", "holder": "an unknown holder", "since": None, "used_bytes": None,
+             "ours": False, "why": "another user's (uid 9)", "fenced": True}]
+    con = Console(width=200, record=True)
+    con.print(leaks_table(rows))
+    text = con.export_text()
+    assert "actor Spawner (pid 7)" in text and "1.0 GiB" in text and "fenced" in text
+    assert "no: another user's (uid 9)" in text and "30s" in text
+
+
+def test_reclaim_leaks_is_checked_before_anything_starts():
+    from rayaccel.ray.driver.cluster import SimulatedCluster
+    from rayaccel.ray.driver.init import init
+
+    with pytest.raises(ClusterError, match="reclaim_leaks= only applies to an embedded cluster"):
+        init(address="127.0.0.1:1", reclaim_leaks="5m")
+    with pytest.raises(ClusterError, match="reclaim-leaks='soon'"):
+        init(topology="dgx1-v100", reclaim_leaks="soon")
+    with pytest.raises(ClusterError, match="reclaim-leaks='0s'"):
+        SimulatedCluster(["dgx1-v100"], reclaim_leaks="0s")

@@ -46,6 +46,8 @@ GRACE_S = 3.0
 STOP_GRACE_S = 5.0
 #: Events kept (fenced, unfenced, reclaimed, ...).
 KEEP_EVENTS = 100
+#: Leak rows a snapshot carries at most (the rest are counted by the metrics' sums of what is shown).
+MAX_ROWS = 200
 #: Holders remembered after they end (to name the holder a leak came from).
 HISTORY = 1024
 
@@ -336,7 +338,7 @@ class LeakWatch:
 
     def summary(self) -> dict:
         """What the snapshot carries: the counted leaks, recent events, the reclaim policy."""
-        return {"rows": list(self.rows), "events": list(self.events)[-20:], "reclaim_after_s": self.after_s,
+        return {"rows": list(self.rows[:MAX_ROWS]), "events": list(self.events)[-20:], "reclaim_after_s": self.after_s,
                 "error": self.error}
 
 
