@@ -33,8 +33,9 @@ def m(name: str, suffix: str = "") -> str:
     return M.exported(name) + suffix
 
 
-STATE_CODES = {"free": 0, "busy": 1, "shared": 2, "mig": 3, "drained": 4}
-STATE_COLORS = {"free": "green", "busy": "blue", "shared": "purple", "mig": "orange", "drained": "red"}
+STATE_CODES = {"free": 0, "busy": 1, "shared": 2, "mig": 3, "drained": 4, "leaked": 5}
+STATE_COLORS = {"free": "green", "busy": "blue", "shared": "purple", "mig": "orange", "drained": "red",
+                "leaked": "dark-red"}
 HEALTH = {0: ("ok", "green"), 1: ("warning", "yellow"), 2: ("critical", "red")}
 
 
@@ -97,7 +98,7 @@ def build() -> dict:
         for state, code in STATE_CODES.items() if code)
     L.row("Devices")
     L.add(panel("state-timeline", "Device state", "Each device's state over time (free, busy, shared by memory "
-                "shares, MIG instances in use, drained).",
+                "shares, MIG instances in use, drained, fenced for a leaked process).",
                 [target(state_code, "{{node}} GPU {{device}}")],
                 defaults={"mappings": mappings({c: (s, STATE_COLORS[s]) for s, c in STATE_CODES.items()}),
                           "color": {"mode": "thresholds"}},
@@ -142,6 +143,15 @@ def build() -> dict:
                 [target(f"sum by (node, device, kind) (increase({m(M.HEALTH_EVENTS_TOTAL)}{{{NODE}}}[$__range])) > 0",
                         instant=True, fmt="table")],
                 transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}}}]), 24, 6)
+    L.row("Leaks")
+    L.add(panel("timeseries", "Leaked processes", "Processes using a device that are no live holder's nor started by "
+                "one (a worker's child that outlived it): the device is fenced until they are gone "
+                "(`rayaccel reclaim NODE:DEV`, `rayaccel start --reclaim-leaks`).",
+                [target(f"sum by (node, device) ({m(M.LEAKED_PROCESSES)}{{{NODE}}}) > 0", "{{node}} GPU {{device}}")],
+                defaults={"min": 0, "decimals": 0}), 12, 8)
+    L.add(panel("timeseries", "Oldest leak", "How long each device's oldest leaked process has been seen.",
+                [target(f"max by (node, device) ({m(M.LEAK_AGE_SECONDS)}{{{NODE}}}) > 0", "{{node}} GPU {{device}}")],
+                defaults={"unit": "s", "min": 0}), 12, 8)
     L.row("Arbiter")
     bucket = f"{m(M.ARBITER_DECISION_SECONDS, '_bucket')}{{{NODE}}}"
     L.add(panel("timeseries", "Decision latency", "Time the arbiter takes to choose the devices of one grant.",

@@ -67,6 +67,12 @@ NIC_ENV_VARS = {"NCCL_IB_HCA": ("hca", "="), "NVSHMEM_HCA_LIST": ("hca", ""), "N
 #: The devices of a worker's current grant, in order (``0,3``), written by the hook at each grant: what
 #: the tensor transport and the store inside the worker read (:func:`format_devices`, :func:`parse_devices`).
 DEVICES_ENV = "RAYACCEL_DEVICES"
+#: Who a worker's current grant belongs to, ``<pid>:<grant key>:<name>`` (``4242:actor:ab12...:Trainer``: the actor's
+#: name or class, the task's function), written by the hook with
+#: :data:`DEVICES_ENV` at each grant and removed when the worker holds nothing: a process the worker starts inherits
+#: both, so the node agent's leak watcher (:mod:`rayaccel.ray.node.leaks`) knows which holder a process that outlives
+#: its worker came from, even when its parent chain is broken (:func:`format_holder`, :func:`parse_holder`).
+HOLDER_ENV = "RAYACCEL_HOLDER"
 #: What a task that asked for no GPU sees on a GPU node (``rayaccel start --zero-gpu-tasks``,
 #: ``rayaccel.init(zero_gpu_tasks=)``): one of :data:`ZERO_GPU_MODES`; absent means ``see-none``.
 ZERO_GPU_ENV = "RAYACCEL_ZERO_GPU_TASKS"
@@ -108,6 +114,11 @@ FAILED_GPU_FILE = "on-failed-gpu.json"
 #: ``leave`` (the default: work on it runs on, or hangs, until it ends); ``end-workers``: its holders are killed,
 #: so Ray restarts them (``max_restarts``) or retries their tasks on a healthy device.
 FAILED_GPU_MODES = ("leave", "end-workers")
+#: Whether and when the node's agent ends leaked processes by itself (``rayaccel start --reclaim-leaks AFTER``;
+#: :mod:`rayaccel.ray.node.leakpolicy`), format :data:`RECLAIM_LEAKS_SCHEMA`; absent: never (``rayaccel reclaim`` only).
+RECLAIM_LEAKS_FILE = "reclaim-leaks.json"
+#: The ``by`` of a drain the leak watcher made (a fence): lifted by the watcher once the leaked processes are gone.
+LEAK_DRAIN_BY = "leak"
 #: The node directory's folder of per-worker usage files (``usage/<pid>.json``, format :data:`USAGE_SCHEMA`): what a
 #: worker says it uses (``rayaccel.report_usage``, simulated nodes) and what its ``rayaccel``-transport objects spilled;
 #: written by the worker (:mod:`rayaccel.ray.usagefile`), read and cleaned up by the node's agent.
@@ -130,15 +141,17 @@ STATE_SCHEMA = "rayaccel.arbiter/2"
 FAILED_GPU_SCHEMA = "rayaccel.on-failed-gpu/1"
 #: A worker's usage file (:data:`USAGE_DIR`).
 USAGE_SCHEMA = "rayaccel.usage/1"
+#: The node's leak reclaim policy (:data:`RECLAIM_LEAKS_FILE`).
+RECLAIM_LEAKS_SCHEMA = "rayaccel.reclaim-leaks/1"
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
-__all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "FAILED_GPU_FILE", "FAILED_GPU_MODES", "FAILED_GPU_SCHEMA", "GPU_MEMORY_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LOCK_FILE",
+__all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "FAILED_GPU_FILE", "FAILED_GPU_MODES", "FAILED_GPU_SCHEMA", "GPU_MEMORY_ENV", "HOLDER_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LEAK_DRAIN_BY", "LOCK_FILE",
            "NAMESPACE", "NIC_ENV_ENV", "NODE_VISIBLE_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL",
-           "RDT_DEVICE_BYTES_ENV", "RDT_PATH_ENV", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
-           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "USAGE_DIR", "USAGE_SCHEMA", "ZERO_GPU_ENV", "ZERO_GPU_MODES", "drain_name", "drain_target", "format_devices", "host_netdevs", "host_rdma_devices",
-           "kv_key", "label_value", "load_json", "new_node_key", "nic_env_values", "parse_devices", "parse_nic_env", "valid_key"]
+           "RDT_DEVICE_BYTES_ENV", "RDT_PATH_ENV", "RECLAIM_LEAKS_FILE", "RECLAIM_LEAKS_SCHEMA", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
+           "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "USAGE_DIR", "USAGE_SCHEMA", "ZERO_GPU_ENV", "ZERO_GPU_MODES", "drain_name", "drain_target", "format_devices", "format_holder", "host_netdevs", "host_rdma_devices",
+           "kv_key", "label_value", "load_json", "new_node_key", "nic_env_values", "parse_devices", "parse_holder", "parse_nic_env", "valid_key"]
 
 
 def load_json(raw: bytes | str, *, what: str, max_bytes: int, error: type[Exception], where: str | None = None,
@@ -188,6 +201,22 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
         return tuple(int(p) for p in parts if p.strip())
     except ValueError:
         return None
+
+
+def format_holder(pid: int, key: str, name: str = "") -> str:
+    """:data:`HOLDER_ENV`'s value for the grant ``key`` (``actor:<hex>`` / ``task:<hex>``) of worker ``pid`` named
+    ``name``: ``"4242:actor:ab12:Trainer"`` (the name shortened to 200 characters, NULs dropped)."""
+    return f"{int(pid)}:{key}:{name.replace(chr(0), '')[:200]}"
+
+
+def parse_holder(text: str | None) -> tuple[int, str, str] | None:
+    """``(worker pid, grant key, name)`` from :data:`HOLDER_ENV`'s value; None when unset or malformed."""
+    if not text or len(text) > 512:
+        return None
+    parts = text.split(":", 3)
+    if len(parts) < 3 or not parts[0].isdigit() or len(parts[0]) > 10 or not parts[1] or not parts[2]:
+        return None
+    return int(parts[0]), f"{parts[1]}:{parts[2]}", parts[3] if len(parts) > 3 else ""
 
 
 def host_rdma_devices() -> frozenset[str]:

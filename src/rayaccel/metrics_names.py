@@ -11,7 +11,7 @@ checks that every query names only these. The tensor transport's counters
 
 from __future__ import annotations
 
-#: gauge, tags node, device, state: 1 for the device's current state (free | busy | shared | mig | drained | failed), 0 for the others.
+#: gauge, tags node, device, state: 1 for the device's current state (free | busy | shared | mig | drained | leaked | failed), 0 for the others.
 DEVICE_STATE = "rayaccel_device_state"
 #: gauge, tags node, device: device memory reserved by its holders, bytes.
 DEVICE_MEMORY_RESERVED_BYTES = "rayaccel_device_memory_reserved_bytes"
@@ -31,6 +31,12 @@ GRANTS_WAITING = "rayaccel_grants_waiting"
 UNHOOKED_GPU_SLOTS = "rayaccel_unhooked_gpu_slots"
 #: counter, tags node, device, kind: device health events (kinds: :data:`rayaccel.health.KINDS`).
 HEALTH_EVENTS_TOTAL = "rayaccel_health_events_total"
+# A leaked process uses a device but is no live holder's, nor started by one (a worker's child that outlived it;
+# :mod:`rayaccel.ray.node.leaks`); the device is fenced (state ``leaked``) while the watcher sees one.
+#: gauge, tags node, device: leaked processes on the device.
+LEAKED_PROCESSES = "rayaccel_leaked_processes"
+#: gauge, tags node, device: seconds the device's oldest leaked process has been seen (0: none).
+LEAK_AGE_SECONDS = "rayaccel_leak_age_seconds"
 # Per holder (a Ray actor or task) and device: NVML's per-process figures, its child processes included (a simulated
 # node: what the worker reports); holders with the same tags are summed.
 #: gauge, tags node, device, actor_class, actor_name, task_function: device memory the holder uses, bytes.
@@ -49,12 +55,13 @@ TRANSPORT_OBJECTS_TOTAL = "rayaccel_transport_objects_total"
 
 ALL = (DEVICE_STATE, DEVICE_MEMORY_RESERVED_BYTES, DEVICE_HEALTH, DEVICE_DRAINED, DEVICE_HOLDER_INFO,
        ARBITER_DECISION_SECONDS, ARBITER_DECISION_QUALITY, GRANTS_WAITING, UNHOOKED_GPU_SLOTS, HEALTH_EVENTS_TOTAL,
-       HOLDER_MEMORY_USED_BYTES, HOLDER_UTILIZATION_PERCENT, HOLDER_SPILLED_BYTES, TRANSPORT_BYTES_TOTAL, TRANSPORT_SECONDS_TOTAL, TRANSPORT_OBJECTS_TOTAL)
+       LEAKED_PROCESSES, LEAK_AGE_SECONDS, HOLDER_MEMORY_USED_BYTES, HOLDER_UTILIZATION_PERCENT, HOLDER_SPILLED_BYTES, TRANSPORT_BYTES_TOTAL, TRANSPORT_SECONDS_TOTAL, TRANSPORT_OBJECTS_TOTAL)
 
 #: The metric type of each name.
 TYPES = {DEVICE_STATE: "gauge", DEVICE_MEMORY_RESERVED_BYTES: "gauge", DEVICE_HEALTH: "gauge", DEVICE_DRAINED: "gauge",
          DEVICE_HOLDER_INFO: "gauge", ARBITER_DECISION_SECONDS: "histogram", ARBITER_DECISION_QUALITY: "gauge",
          GRANTS_WAITING: "gauge", UNHOOKED_GPU_SLOTS: "gauge", HEALTH_EVENTS_TOTAL: "counter",
+         LEAKED_PROCESSES: "gauge", LEAK_AGE_SECONDS: "gauge",
          HOLDER_MEMORY_USED_BYTES: "gauge", HOLDER_UTILIZATION_PERCENT: "gauge", HOLDER_SPILLED_BYTES: "gauge",
          TRANSPORT_BYTES_TOTAL: "counter", TRANSPORT_SECONDS_TOTAL: "counter", TRANSPORT_OBJECTS_TOTAL: "counter"}
 
@@ -66,7 +73,8 @@ TAGS = {DEVICE_STATE: ("node", "device", "state"), DEVICE_MEMORY_RESERVED_BYTES:
         DEVICE_HEALTH: ("node", "device"), DEVICE_DRAINED: ("node", "device"),
         DEVICE_HOLDER_INFO: ("node", "device", "holder"), ARBITER_DECISION_SECONDS: ("node",),
         ARBITER_DECISION_QUALITY: ("node",), GRANTS_WAITING: ("node",), UNHOOKED_GPU_SLOTS: ("node",),
-        HEALTH_EVENTS_TOTAL: ("node", "device", "kind"), HOLDER_MEMORY_USED_BYTES: HOLDER_TAGS,
+        HEALTH_EVENTS_TOTAL: ("node", "device", "kind"), LEAKED_PROCESSES: ("node", "device"),
+        LEAK_AGE_SECONDS: ("node", "device"), HOLDER_MEMORY_USED_BYTES: HOLDER_TAGS,
         HOLDER_UTILIZATION_PERCENT: HOLDER_TAGS, HOLDER_SPILLED_BYTES: HOLDER_TAGS, TRANSPORT_BYTES_TOTAL: ("node", "path"),
         TRANSPORT_SECONDS_TOTAL: ("node", "path"), TRANSPORT_OBJECTS_TOTAL: ("node", "path")}
 

@@ -121,6 +121,13 @@ def test_start_checks_on_failed_gpu_before_anything_starts(bad):
     assert "expected leave or end-workers" in r.stderr
 
 
+@pytest.mark.parametrize("bad", ["soon", "0s", "10d", "5 min"])
+def test_start_checks_reclaim_leaks_before_anything_starts(bad):
+    r, _ = _cli("start", "--head", "--topology", "dgx1-v100", f"--reclaim-leaks={bad}")
+    _one_error(r)
+    assert "reclaim-leaks=" in r.stderr and "expected a duration from 1s to 7 days such as 30s, 5m or 1h" in r.stderr
+
+
 def test_stop_without_any_local_node_says_so():
     r, _ = _cli("stop", "--node", "abcdef123456")
     _one_error(r)

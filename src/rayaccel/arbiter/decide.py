@@ -26,6 +26,7 @@ The arbiter (:mod:`.statefile`) calls these under its lock; tests call them dire
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
+from ..contract import LEAK_DRAIN_BY
 from .state import EPS, GPU, ArbiterState, Drain, Holder, Reservation
 from .table import NodeTable
 
@@ -435,14 +436,19 @@ def forget_groups(st: ArbiterState, gone: set[str] | frozenset[str]) -> tuple[Ar
 
 
 def drain(st: ArbiterState, device: int, reason: str, by: str, now: float) -> tuple[ArbiterState, bool]:
-    """Mark ``device`` drained; False when it already was."""
-    if device in st.drained:
+    """Mark ``device`` drained; False when it already was.
+
+    A leak watcher's fence (``by="leak"``) gives way to an operator's or the health watcher's drain (which
+    then replaces it, so lifting the fence when the leak ends never lifts their drain); never the reverse.
+    """
+    old = st.drained.get(device)
+    if old is not None and not (old.by == LEAK_DRAIN_BY and by != LEAK_DRAIN_BY):
         return st, False
     return st._replace(drained={**st.drained, device: Drain(reason, now, by)}), True
 
 
-def undrain(st: ArbiterState, device: int) -> tuple[ArbiterState, bool]:
-    """Lift a drain; False when ``device`` was not drained."""
-    if device not in st.drained:
+def undrain(st: ArbiterState, device: int, only_by: str | None = None) -> tuple[ArbiterState, bool]:
+    """Lift a drain; False when ``device`` was not drained (or, with ``only_by``, drained by someone else)."""
+    if device not in st.drained or (only_by is not None and st.drained[device].by != only_by):
         return st, False
     return st._replace(drained={d: v for d, v in st.drained.items() if d != device}), True

@@ -26,15 +26,15 @@ import math
 import zlib
 from typing import Any, Mapping, NamedTuple
 
-from ..contract import SNAPSHOT_SCHEMA, STATE_SCHEMA, load_json
+from ..contract import LEAK_DRAIN_BY, SNAPSHOT_SCHEMA, STATE_SCHEMA, load_json
 from ..errors import StateError
 
 #: The state file's schema tag (a file with another tag is rebuilt, never misread).
 SCHEMA = STATE_SCHEMA
 #: Ray's ``GPU`` resource.
 GPU = "GPU"
-#: One device's states, as :func:`device_state` names them.
-STATES = ("free", "busy", "shared", "mig", "drained", "failed")
+#: One device's states, as :func:`device_state` names them (``leaked``: fenced by the leak watcher).
+STATES = ("free", "busy", "shared", "mig", "drained", "leaked", "failed")
 #: Fractions within this of 1.0 are whole units.
 EPS = 1e-6
 #: The largest published snapshot a reader accepts, bytes.
@@ -245,6 +245,8 @@ class Snapshot(NamedTuple):
             summary (``worst``, ``events``, ...) or ``{"error": ...}``. lock: a lock held long, or None.
         pool: the devices behind the node's unit resources (``GPU``'s pool, or the devices of the
             node's NeuronCores, TPU chips, ...), or None when not known (then: the GPU pool).
+        leaks: the leak watcher's summary (``rows``: leaked processes, ``events``: fences, lifts and
+            reclaims, ``reclaim_after_s``, ``error``; :mod:`rayaccel.ray.node.leaks`), empty when none runs.
     """
 
     at: float
@@ -264,6 +266,7 @@ class Snapshot(NamedTuple):
     health: Mapping[str, Any] = {}
     lock: LockInfo | None = None
     pool: tuple[int, ...] | None = None
+    leaks: Mapping[str, Any] = {}
 
     def waiting(self) -> tuple[SnapshotHolder, ...]:
         """Holders whose grant waits."""
@@ -356,7 +359,7 @@ def device_state(index: int, snap: Snapshot | None, *, pool: frozenset[int] | se
     if snap is not None and snap.pool is not None:
         pool = snap.pool
     if snap is not None and index in snap.drained:
-        return "drained"
+        return "leaked" if snap.drained[index].by == LEAK_DRAIN_BY else "drained"
     if index in partitioned:
         if snap is not None and any(str(k).split(":")[0] == str(index) for k in snap.mig_held):
             return "mig"
@@ -384,7 +387,7 @@ def encode_snapshot(s: Snapshot) -> str:
         "decisions": [list(x) for x in s.decisions], "new_decisions": [list(x) for x in s.new_decisions],
         "unhooked_slots": s.unhooked_slots, "agent_errors": s.agent_errors, "health": dict(s.health),
         "lock": s.lock._asdict() if s.lock is not None else None,
-        "pool": list(s.pool) if s.pool is not None else None,
+        "pool": list(s.pool) if s.pool is not None else None, "leaks": dict(s.leaks),
     }, separators=(",", ":"))
 
 
@@ -482,12 +485,18 @@ def decode_snapshot(raw: bytes | str, where: str) -> Snapshot:
     pool = d.get("pool")
     if pool is not None and (not isinstance(pool, list) or not all(_is_int(i) for i in pool)):
         raise bad("pool", "a list of device indices or null")
+    leaks = d.get("leaks") or {}
+    if not isinstance(leaks, dict) or not isinstance(leaks.get("rows", []), list) \
+            or not all(isinstance(r, dict) and _is_int(r.get("device")) and _is_int(r.get("pid"))
+                       for r in leaks.get("rows", [])) \
+            or not isinstance(leaks.get("events", []), list):
+        raise bad("leaks", "an object with rows[{device, pid, ...}] and events[]")
     return Snapshot(at=float(d.get("at", 0)), node_key=node_key, free=tuple(free), holders=tuple(out_h),
                     drained=out_d, mig_held=tuple(mig), shared={int(k): float(v) for k, v in shared.items()},
                     slots_held=float(d.get("slots_held", 0)), resets=d.get("resets", 0), pgs=pgs,
                     decisions=decisions, new_decisions=new, unhooked_slots=float(d.get("unhooked_slots", 0)),
                     agent_errors=d.get("agent_errors", 0), health=health, lock=lock,
-                    pool=tuple(pool) if pool is not None else None)
+                    pool=tuple(pool) if pool is not None else None, leaks=leaks)
 
 
 def _decisions(v: Any, bad: Any, name: str) -> tuple:

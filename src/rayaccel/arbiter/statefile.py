@@ -312,9 +312,9 @@ class Arbiter:
             raise ClusterError(f"no device {device} on this node (devices {sorted(self.table.cpus)})")
         return self._apply(lambda st: D.drain(st, device, reason, by, time.time()))
 
-    def undrain(self, device: int) -> bool:
-        """Lift a drain; False when ``device`` was not drained."""
-        return self._apply(lambda st: D.undrain(st, device))
+    def undrain(self, device: int, only_by: str | None = None) -> bool:
+        """Lift a drain; False when ``device`` was not drained (with ``only_by``: not drained by that one)."""
+        return self._apply(lambda st: D.undrain(st, device, only_by))
 
     def read(self, timeout_s: float | None = None) -> ArbiterState:
         """The state, under the lock.

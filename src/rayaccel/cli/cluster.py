@@ -23,7 +23,8 @@ def _start(ctx: typer.Context,
            instance_id: Optional[str] = typer.Option(None, "--instance-id", help="This node's EC2 instance id (with an AWS --network-topology file)."),
            nic_env: Optional[str] = typer.Option(None, "--nic-env", help="Also write these NIC variables at each grant, from the devices' near NICs (UCX_NET_DEVICES always): NCCL_IB_HCA, NVSHMEM_HCA_LIST, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME. A value the user set is kept."),
            zero_gpu_tasks: Optional[str] = typer.Option(None, "--zero-gpu-tasks", help="What a task asking no GPU sees: see-none (default: no GPU) or see-all (plain Ray's: the node's GPUs)."),
-           on_failed_gpu: Optional[str] = typer.Option(None, "--on-failed-gpu", help="When the health watcher drains a failed GPU (an Xid, a lost GPU): leave (default) its workers, or end-workers, so Ray restarts them on a healthy device.")) -> None:
+           on_failed_gpu: Optional[str] = typer.Option(None, "--on-failed-gpu", help="When the health watcher drains a failed GPU (an Xid, a lost GPU): leave (default) its workers, or end-workers, so Ray restarts them on a healthy device."),
+           reclaim_leaks: Optional[str] = typer.Option(None, "--reclaim-leaks", metavar="AFTER", help="End leaked device processes of this node's Ray workers (a worker's child that outlived it) once a leak has lasted AFTER (30s, 5m, 1h); default: never, only `rayaccel reclaim`.")) -> None:
     """Start a Ray node whose devices rayaccel manages (other flags go to `ray start`).
 
     CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD) set for the node, or --num-gpus smaller than the host's
@@ -39,7 +40,7 @@ def _start(ctx: typer.Context,
 
     res = start_node(list(ctx.args), topology, publish=not no_publish, network_topology=network_topology,
                      instance_id=instance_id, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks,
-                     on_failed_gpu=on_failed_gpu)
+                     on_failed_gpu=on_failed_gpu, reclaim_leaks=reclaim_leaks)
     rec = res.record
     t = rec.topology
     what = t.name or t.hostname or "discovered"

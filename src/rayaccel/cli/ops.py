@@ -1,4 +1,4 @@
-"""``rayaccel drain | undrain | doctor | top``: operating a cluster (thin over :mod:`rayaccel.ray`).
+"""``rayaccel drain | undrain | reclaim | doctor | top``: operating a cluster (thin over :mod:`rayaccel.ray`).
 
 Each command imports what it needs inside itself, so ``rayaccel --help`` and the offline
 commands never load Ray, matplotlib or the placer they do not use.
@@ -45,6 +45,40 @@ def _undrain(target: str = typer.Argument(..., metavar="NODE:DEVICE"),
     finally:
         node.shutdown()
     console.print(Text(f"rayaccel: {target} {'undrained' if was else 'was not drained'}"))
+
+
+def _reclaim(target: str = typer.Argument(..., metavar="NODE:DEVICE", help="Node key (or id, hostname) and device index."),
+             address: str = typer.Option("auto", "--address", help="Ray address to connect to."),
+             as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """End a device's leaked processes (a worker's child that outlived it) that belong to the node's Ray workers.
+
+    Only processes of this user that carry the node's markers or descend from one of its workers are ended
+    (SIGTERM, then SIGKILL); any other process on the device is reported and left running. The device's leak
+    fence lifts once none is left.
+    """
+    from ..ray.driver import init as node
+    from ..ray.driver import ops
+
+    resolved = connect_cluster(address, as_json)
+    try:
+        out = ops.reclaim(target)
+    finally:
+        node.shutdown()
+    if as_json:
+        print_json({"address": resolved, **out})
+        return
+    where = f"device {out['device']} of node {out['node_key']}"
+    if not out["ended"] and not out["left"]:
+        console.print(Text(f"rayaccel: {where} has no leaked processes"))
+    for r in out["ended"]:
+        console.print(Text(f"rayaccel: {where}: ended pid {r['pid']} ({r['command'] or '?'}) from {r['holder']} "
+                           f"[{r['signal']}]"))
+    for r in out["left"]:
+        console.print(Text(f"  not ours: pid {r['pid']} ({r['command'] or '?'}), left running: {r['why']}"))
+    fence = {"lifted": "its leak fence is lifted", "kept": "its leak fence stays (leaked processes remain)",
+             "none": ""}[out["fence"]]
+    if fence:
+        console.print(Text(f"rayaccel: {where}: {fence}"))
 
 
 def _doctor(address: str = typer.Option("auto", "--address", help="Ray address to connect to."),
@@ -126,8 +160,9 @@ def _live(frame, interval: float) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``drain``, ``undrain``, ``doctor`` and ``top`` to ``app``."""
+    """Add ``drain``, ``undrain``, ``reclaim``, ``doctor`` and ``top`` to ``app``."""
     app.command("drain")(_drain)
     app.command("undrain")(_undrain)
+    app.command("reclaim")(_reclaim)
     app.command("doctor")(_doctor)
     app.command("top")(_top)

@@ -15,7 +15,7 @@ from rich.text import Text
 from ..units import format_bytes
 
 STATE_STYLE = {"free": "green", "busy": "red", "shared": "yellow", "mig": "magenta", "drained": "bold red",
-               "failed": "red"}
+               "leaked": "bold magenta", "failed": "red"}
 
 
 def _since(ts: Any) -> str:
@@ -98,7 +98,7 @@ def _node_tables(nodes: list[dict]) -> list[Any]:
             note = ""
             if d.get("drain"):
                 dr = d["drain"]
-                note = f"drained by {dr.get('by')} {_since(dr.get('since'))} ago: {dr.get('reason')}"
+                note = _drain_note(dr)
             elif d.get("share"):
                 note = f"{d['share'] * 100:.0f}% shared"
             elif d.get("mig_held"):
@@ -122,7 +122,31 @@ def _node_tables(nodes: list[dict]) -> list[Any]:
             out.append(Text("  " + line, style="yellow"))
         if n.get("usage"):
             out.append(usage_table(n["usage"]))
+        if n.get("leaks"):
+            out.append(leaks_table(n["leaks"]))
     return out
+
+
+def _drain_note(dr: dict) -> str:
+    if dr.get("by") == "leak":
+        return f"fenced {_since(dr.get('since'))} ago: {dr.get('reason')}"
+    return f"drained by {dr.get('by')} {_since(dr.get('since'))} ago: {dr.get('reason')}"
+
+
+def leaks_table(rows: list[dict]) -> Table:
+    """Leaked device processes (``status`` and ``top``): a worker's child that outlived it, or a stranger."""
+    t = Table(title=Text("  leaked device processes (rayaccel reclaim NODE:DEV ends those marked ours)", style="yellow"),
+              title_justify="left", expand=False, pad_edge=False)
+    for col in ("dev", "pid", "command", "from holder", "age", "memory", "ours", "fence"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        fence = "fenced" if r.get("fenced") else "acknowledged" if r.get("acknowledged") else (
+            f"drained by {r['drained_by']}" if r.get("drained_by") else "-")
+        t.add_row(Text(str(r.get("device"))), Text(str(r.get("pid"))), Text(str(r.get("command") or "?")[:80]),
+                  Text(str(r.get("holder") or "?")), Text(_since(r.get("since"))),
+                  Text(format_bytes(r["used_bytes"]) if r.get("used_bytes") is not None else "?"),
+                  Text("yes" if r.get("ours") else f"no: {r.get('why') or '?'}"), Text(fence))
+    return t
 
 
 def usage_who(r: dict) -> str:
@@ -203,7 +227,7 @@ def _top_tables(nodes: list[dict], topos: dict) -> list[Any]:
             health = d.get("health") or "ok"
             if d.get("drain"):
                 dr = d["drain"]
-                held = f"drained {_since(dr.get('since'))} ago by {dr.get('by')}: {dr.get('reason')}"
+                held = _drain_note(dr)
             else:
                 held = ", ".join(d["holders"]) or "-"
             t.add_row(str(d["index"]), Text(d["state"], style=STATE_STYLE.get(d["state"], "")),
@@ -218,4 +242,6 @@ def _top_tables(nodes: list[dict], topos: dict) -> list[Any]:
             parts.append(Text("  " + _lock_line(n["lock"]), style="bold red"))
         if n.get("usage"):
             parts.append(usage_table(n["usage"]))
+        if n.get("leaks"):
+            parts.append(leaks_table(n["leaks"]))
     return parts

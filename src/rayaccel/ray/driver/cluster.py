@@ -31,7 +31,7 @@ from rayaccel.errors import ClusterError
 from rayaccel.placement.pools import gpu_pool
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp, kv
-from rayaccel.ray.node import agent, failpolicy
+from rayaccel.ray.node import agent, failpolicy, leakpolicy
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.driver import view
 from rayaccel.ray.driver.init import check_caller_args, with_caller_resources
@@ -89,6 +89,8 @@ class SimulatedCluster:
         zero_gpu_tasks: what a task asking no GPU sees on the rayaccel nodes (``see-none``, the default, or
             ``see-all``), as ``rayaccel start --zero-gpu-tasks``.
         on_failed_gpu: ``leave`` (default) or ``end-workers``, as ``rayaccel start --on-failed-gpu``.
+        reclaim_leaks: end leaked device processes of the nodes' workers once a leak has lasted this long
+            (``"30s"``, ``"5m"``; default: never), as ``rayaccel start --reclaim-leaks``.
         ray_init_kwargs: passed to ``ray.init`` when connecting.
 
     A visible-devices variable in ``env`` (``CUDA_VISIBLE_DEVICES=4,5,6``) gives every node those devices of
@@ -104,7 +106,8 @@ class SimulatedCluster:
                  object_store_memory: int = 100 << 20, plain: Sequence[int] = (), env: dict | None = None,
                  metrics_export_port: int | None = None, labels: Sequence[dict | None] | None = None,
                  nic_env: str | Sequence[str] | None = None, dashboard: bool = False,
-                 zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None, **ray_init_kwargs: Any):
+                 zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None,
+                 reclaim_leaks: str | float | None = None, **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -117,6 +120,7 @@ class SimulatedCluster:
         self.nic_env = nic_env_names(nic_env)  # a bad name fails before anything starts
         self.zero_gpu_tasks = zero_gpu_mode(zero_gpu_tasks)
         self.on_failed_gpu = failpolicy.failed_gpu_mode(on_failed_gpu)
+        self.reclaim_leaks = leakpolicy.reclaim_after(reclaim_leaks)
         self._given = [given(t, dict(env or {})) for t in topos]  # a bad preset fails before anything starts
         self._records: dict[str, NodeRecord] = {}
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -174,6 +178,7 @@ class SimulatedCluster:
             return base, None, None
         args, record, d = managed_node_args(topo, {**base, "env_vars": self.env}, nic_env=self.nic_env or None,
                                             zero_gpu_tasks=self.zero_gpu_tasks, on_failed_gpu=self.on_failed_gpu,
+                                            reclaim_leaks=self.reclaim_leaks,
                                             preset_env=self.env)
         args["labels"].update(labels or {})  # a simulation's place labels may be rayaccel.io/ ones (net levels)
         self._records[record.node_key] = record
@@ -282,7 +287,7 @@ class SimulatedCluster:
 def managed_node_args(topology: NodeTopology | str, node_args: dict[str, Any] | None = None, *,
                       simulated: bool = True, nic_env: str | Sequence[str] | None = None,
                       zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None,
-                      preset_env: dict[str, str] | None = None) -> tuple[dict[str, Any], NodeRecord, Path]:
+                      reclaim_leaks: str | float | None = None, preset_env: dict[str, str] | None = None) -> tuple[dict[str, Any], NodeRecord, Path]:
     """The keyword arguments that make ``ray.cluster_utils.Cluster.add_node`` start a rayaccel node.
 
     ``node_args`` are what a caller would give ``Cluster.add_node`` for a plain node (``num_cpus``,
@@ -310,11 +315,13 @@ def managed_node_args(topology: NodeTopology | str, node_args: dict[str, Any] | 
     nic = nic_env_names(nic_env)
     zero = zero_gpu_mode(zero_gpu_tasks)
     policy = failpolicy.failed_gpu_mode(on_failed_gpu)
+    after = leakpolicy.reclaim_after(reclaim_leaks)
     topo, preset = given(topo, {**os.environ, **env} if preset_env is None else preset_env, num_gpus=args.pop("num_gpus", None), resources=user_res)
     num_gpus, res = node_resources(topo)
     res = with_caller_resources(res, user_res)
     record, d = prepare(topo, simulated=simulated, preset=preset)
     failpolicy.write(d, policy)
+    leakpolicy.write(d, after)
     env.update(node_env(topo, record.node_key, d, base={**os.environ, **env}, nic_env=nic or None,
                         zero_gpu_tasks=zero))
     args.update(num_gpus=num_gpus, resources=res, env_vars=env,

@@ -162,12 +162,34 @@ def _node_rows(key: str, f: dict) -> list[Row]:
     if f.get("health_error"):
         rows.append(Row(key, "health watcher", "warn", f"not running: {f['health_error']}",
                         "install the vendor library (nvidia-ml-py / amdsmi)"))
+    if isinstance(f.get("leaks"), Mapping):
+        rows.append(leak_row(key, f["leaks"]))
     d = f.get("domain")
     if isinstance(d, Mapping):
         rows.append(_domain_row(key, d))
     for c in f.get("checks", ()):
         rows.append(Row(key, c["name"], c["status"], c["detail"], c.get("fix")))
     return rows
+
+
+def leak_row(key: str, lk: Mapping[str, Any]) -> Row:
+    """The ``leaked processes`` row: the node's leak watcher, and each leaked device process it sees (a warning)."""
+    if not lk.get("on"):
+        return Row(key, "leaked processes", "warn", "no leak watcher on this node: a worker's child that outlives it "
+                   "keeps its device's memory unseen", "restart the node with this rayaccel (`rayaccel start`)")
+    after = lk.get("reclaim_after_s")
+    how = f"ended by the agent after {after:g} s" if after else "ended by `rayaccel reclaim NODE:DEV`"
+    rows = [r for r in lk.get("rows", ()) if isinstance(r, Mapping)]
+    if lk.get("error"):
+        return Row(key, "leaked processes", "warn", f"the leak watcher failed: {lk['error']}", "see the node agent's log")
+    if not rows:
+        return Row(key, "leaked processes", "ok", f"leak watcher on: no leaked device processes (leaks are fenced, {how})")
+    listed = "; ".join(f"device {r.get('device')}: pid {r.get('pid')} ({str(r.get('command') or '?')[:50]}) from "
+                       f"{r.get('holder') or '?'}" + ("" if r.get("ours") else f" [not ours: {r.get('why')}]")
+                       for r in rows[:3]) + (f"; +{len(rows) - 3} more" if len(rows) > 3 else "")
+    devs = sorted({r.get("device") for r in rows}, key=str)
+    return Row(key, "leaked processes", "warn", f"{len(rows)} leaked device process(es), their devices fenced: {listed}",
+               "; ".join(f"rayaccel reclaim {key}:{d}" for d in devs) + f" ({how})")
 
 
 def _domain_row(key: str, d: Mapping[str, Any]) -> Row:

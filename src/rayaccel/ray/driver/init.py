@@ -16,7 +16,7 @@ from rayaccel.errors import ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.driver import view
-from rayaccel.ray.node import agent, nodedir
+from rayaccel.ray.node import agent, leakpolicy, nodedir
 from rayaccel.ray.node.preset import given
 from rayaccel.ray.node.start import environ, node_env, node_topology, prepare, zero_gpu_mode
 from rayaccel.ray.record import node_labels, node_resources
@@ -24,7 +24,7 @@ from rayaccel.ray.record import node_labels, node_resources
 
 def init(address: str | None = None, topology: NodeTopology | str | None = None, *,
          nic_env: str | Sequence[str] | None = None, zero_gpu_tasks: str | None = None,
-         **ray_init_kwargs: Any) -> Any:
+         reclaim_leaks: str | float | None = None, **ray_init_kwargs: Any) -> Any:
     """Connect to a Ray cluster, or start an embedded one-node cluster whose node rayaccel manages.
 
     Args:
@@ -36,6 +36,9 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
             besides ``UCX_NET_DEVICES`` (``"NCCL_IB_HCA,NVSHMEM_HCA_LIST"``; never over a value the user set).
         zero_gpu_tasks: for the embedded cluster: what a task asking no GPU sees, ``"see-none"`` (default:
             no device) or ``"see-all"`` (plain Ray's: the variable as the node was started with it).
+        reclaim_leaks: for the embedded cluster: end leaked device processes of the node's workers once a leak
+            has lasted this long (``"30s"``, ``"5m"``; default: never, only ``rayaccel reclaim``), as
+            ``rayaccel start --reclaim-leaks`` (:mod:`rayaccel.ray.node.leakpolicy`).
         ray_init_kwargs: passed to ``ray.init`` (``num_cpus``, ``namespace`` ...). ``num_gpus`` smaller
             than the host's count gives the node the first ``num_gpus`` devices (or of the preset), as Ray does.
             For an embedded cluster, ``resources=`` and ``labels=`` join what rayaccel advertises (the caller's
@@ -67,6 +70,9 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
         if nic_env is not None:
             raise ClusterError("nic_env= only applies to an embedded cluster (address=None); nodes of an existing "
                                "cluster take it from `rayaccel start --nic-env`")
+        if reclaim_leaks is not None:
+            raise ClusterError("reclaim_leaks= only applies to an embedded cluster (address=None); nodes of an "
+                               "existing cluster take it from `rayaccel start --reclaim-leaks`")
         if topology is not None:
             raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
                                "existing cluster publish their own topology via `rayaccel start`")
@@ -74,11 +80,13 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     user_res, user_labels = ray_init_kwargs.pop("resources", None), ray_init_kwargs.pop("labels", None)
     check_caller_args(user_res, user_labels)  # before anything is made
     zero_gpu_mode(zero_gpu_tasks)
+    leakpolicy.reclaim_after(reclaim_leaks)
     topo, simulated = node_topology(topology)
     topo, preset = given(topo, os.environ, num_gpus=ray_init_kwargs.pop("num_gpus", None), resources=user_res)
     num_gpus, res = node_resources(topo)
     res = with_caller_resources(res, user_res)
     record, directory = prepare(topo, simulated, preset=preset)
+    leakpolicy.write(directory, reclaim_leaks)
     ray_init_kwargs.setdefault("include_dashboard", False)
     labels = {**node_labels(topo, record.node_key, simulated=simulated), **(user_labels or {})}
     with environ(node_env(topo, record.node_key, directory, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks)):

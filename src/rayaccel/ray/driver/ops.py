@@ -1,6 +1,6 @@
 """Operator actions on a running cluster: connect (bounded), stop the whole cluster.
 
-Used by the CLI (``status``, ``top``, ``doctor``, ``drain``, ``stop --all``): every
+Used by the CLI (``status``, ``top``, ``doctor``, ``drain``, ``reclaim``, ``stop --all``): every
 command that reaches a cluster first resolves ``auto`` to one address
 (:func:`resolve_address`: it refuses when several clusters run here), then answers within
 :data:`CONNECT_TIMEOUT_S` when the address cannot be reached, with one line saying why and
@@ -212,6 +212,22 @@ def drain(spec: str, reason: str, kill: bool = False, timeout_s: float = 30.0) -
     if h is None:
         raise ClusterError(f"node {n.node_key} has no running agent (restart it with `rayaccel start`)")
     out = h.ask("drain", d, reason, "operator", kill, timeout_s=timeout_s)
+    out["node_key"] = n.node_key
+    return out
+
+
+def reclaim(spec: str, timeout_s: float = 60.0) -> dict:
+    """End the leaked processes of ``NODE:DEVICE`` that belong to its node's Ray workers (see
+    :meth:`.agent.NodeAgent.reclaim`); the others are reported, never ended.
+
+    Returns:
+        ``{"node_key", "device", "ended": [...], "left": [...], "fence": "lifted" | "kept" | "none"}``.
+    """
+    n, d = resolve_target(spec)
+    h = agent.handle(n.node_key)
+    if h is None:
+        raise ClusterError(f"node {n.node_key} has no running agent (restart it with `rayaccel start`)")
+    out = h.ask("reclaim", d, timeout_s=timeout_s)
     out["node_key"] = n.node_key
     return out
 

@@ -34,7 +34,11 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
     ``ray.io/gpu-domain``, network levels), ``usage`` (per-holder usage, one row per holder and device: ``pid``,
     ``device``, ``partition``, ``kind``, ``holder``, ``id``, ``job``, ``actor_class``, ``actor_name``,
     ``task_function``, ``used_bytes``, ``utilization`` (percent), ``spilled_bytes`` (None: unknown), ``source``
-    (``nvml`` / ``reported``), ``pids``; None when the agent did not answer -- :mod:`rayaccel.ray.node.usage`).
+    (``nvml`` / ``reported``), ``pids``; None when the agent did not answer -- :mod:`rayaccel.ray.node.usage`),
+    ``leaks`` (leaked device processes, :mod:`rayaccel.ray.node.leaks`: ``device``, ``pid``, ``command``, ``holder``
+    (the holder it came from), ``since`` / ``age_s``, ``ours`` (``rayaccel reclaim`` may end it) / ``why`` not,
+    ``evidence``, ``used_bytes``, ``fenced``; None when the node has no leak watcher), ``leak_events`` (the
+    watcher's fences, lifts and reclaims), ``reclaim_leaks_after_s`` (None: never by itself).
 
     Raises:
         ClusterError: not connected to Ray.
@@ -96,6 +100,9 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float, usage: lis
                         "holders": by_dev.get(d.index, []), "drain": drain._asdict() if drain is not None else None,
                         "health": worst.get(str(d.index)) or d.health})
     lock = snap.lock._asdict() if snap is not None and snap.lock is not None else None
+    lw = dict(snap.leaks) if snap is not None and snap.leaks else None
+    leaks = None if lw is None else [dict(r, age_s=round(now - r["since"], 1) if r.get("since") else None)
+                                      for r in lw.get("rows", [])]
     spec = node_spec(topo)
     return {"node_id": n.node_id, "node_key": n.node_key, "name": topo.name, "hostname": topo.hostname,
             "simulated": n.record.simulated,
@@ -105,7 +112,9 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float, usage: lis
             "waiting": [h for h in holders if h["waiting"]],
             "age_s": round(now - snap.at, 3) if snap is not None and snap.at else None, "agent": source,
             "gpus_available": n.gpus_available, "health_events": list(health.get("events", []))[-10:],
-            "lock": lock, "labels": dict(n.labels), "usage": usage,
+            "lock": lock, "labels": dict(n.labels), "usage": usage, "leaks": leaks,
+            "leak_events": list((lw or {}).get("events", []))[-10:],
+            "reclaim_leaks_after_s": (lw or {}).get("reclaim_after_s"),
             "resource": spec.resource if spec is not None else "GPU", "unit": spec.unit if spec is not None else "device"}
 
 

@@ -10,7 +10,8 @@ second (:data:`PERIOD_S`) it:
 * publishes the node's snapshot in the GCS KV (``state/<key>``): free devices,
   holders (who holds what since when), drains, MIG instances held, and GPU slots
   Ray shows in use that no hooked worker holds (workers without rayaccel);
-* (see :mod:`.health`) watches device health and drains unhealthy devices.
+* (see :mod:`.health`) watches device health and drains unhealthy devices;
+* (see :mod:`.leaks`) finds leaked device processes, fences their devices and reclaims them.
 
 Drivers read the snapshots to choose nodes; ``rayaccel status`` asks the agents.
 """
@@ -36,7 +37,8 @@ from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.node.doctor import node_facts
 from rayaccel.ray.worker.hook import pg_alive
-from rayaccel.contract import AGENT_PREFIX, AGENT_SCHEMA, NODE_DIR_ENV, RECORD_FILE, TABLE_FILE, drain_name
+from rayaccel.contract import (AGENT_PREFIX, AGENT_SCHEMA, LEAK_DRAIN_BY, NODE_DIR_ENV, RECORD_FILE, TABLE_FILE,
+                               drain_name)
 from rayaccel.ray.node.processes import PROCESSES, _local, stop_local
 from rayaccel.ray.record import NodeRecord
 
@@ -79,6 +81,9 @@ class NodeAgent:
         self.recent: list = []
         self._total_gpus: float | None = None
         self.usage_rows: list = []  # per-holder usage (.usage.UsageWatch), refreshed every period
+        self.nvml_procs: list = []  # NVML's per-process list of this period (.usage.UsageWatch), for the leak watcher
+        self.leak_watch: Any = None  # the leak watcher (.leaks)
+        self.raylet_pid: int | None = None  # the node's raylet (its processes are workers, never leaks)
 
     # ---------------------------------------------------------------- loop
     def start(self) -> None:
@@ -105,6 +110,8 @@ class NodeAgent:
         period publishes the last snapshot with the holder named (``Snapshot.lock``).
         """
         lock = None
+        if self.leak_watch is not None:
+            self.leak_watch.remember()  # before the reaper forgets the holders that ended: a leak names its holder
         try:
             self.arbiter.reap(timeout_s=LOCK_TIMEOUT_S)
         except LockTimeout as e:
@@ -140,7 +147,7 @@ class NodeAgent:
         snap = snap._replace(at=time.time(), node_key=self.node_key, decisions=tuple(self.recent[-32:]),
                              new_decisions=new_t, agent_errors=self.errors,
                              health=self.watcher.summary() if self.watcher is not None else {"error": self.health_error},
-                             lock=lock)
+                             lock=lock, leaks=self.leak_watch.summary() if self.leak_watch is not None else {})
         snap = snap._replace(unhooked_slots=self._unhooked(snap))
         self.last = snap
         if publish:
@@ -177,12 +184,13 @@ class NodeAgent:
         return self.tick(publish=True) if fresh or self.last is None else self.last
 
     def drain(self, device: int, reason: str = "drained by an operator", by: str = "operator",
-              kill: bool = False) -> dict:
+              kill: bool = False, tick: bool = True) -> dict:
         """Drain ``device``: no new grant maps to it, and Ray's ledger holds it (a placeholder actor).
 
         Work already on it finishes unless ``kill`` (its holders' processes are killed;
         Ray then fails or retries their tasks as it would after any worker death).
-        Idempotent. Returns what was done.
+        Idempotent; an operator's or the health watcher's drain replaces a leak fence (``by="leak"``).
+        ``tick``: publish a fresh snapshot (the leak watcher, inside a period, does not). Returns what was done.
         """
         if device not in self.record.topology.indices:
             raise ClusterError(f"node {self.node_key} has no device {device} "
@@ -190,15 +198,45 @@ class NodeAgent:
         new = self.arbiter.drain(device, reason[:500], by)
         placed = self._placeholder(device)
         killed = self._kill_holders(device) if kill else []
-        self.tick()
+        if tick:
+            self.tick()
         return {"device": device, "new": new, "placeholder": placed, "killed": killed}
 
-    def undrain(self, device: int) -> bool:
-        """Lift a drain (and release the placeholder's slot); False when ``device`` was not drained."""
-        was = self.arbiter.undrain(device)
-        self._drop_placeholder(device)
-        self.tick()
+    def undrain(self, device: int, only_by: str | None = None, tick: bool = True) -> bool:
+        """Lift a drain (and release the placeholder's slot); False when ``device`` was not drained (``only_by``:
+        drained by that one). An operator lifting a leak fence acknowledges its leaked processes (:mod:`.leaks`)."""
+        st = self.arbiter.peek()
+        dr = st.drained.get(device) if st is not None else None
+        was = self.arbiter.undrain(device, only_by)
+        if was or only_by is None:
+            self._drop_placeholder(device)
+        if was:
+            if only_by is None and dr is not None and dr.by == LEAK_DRAIN_BY and self.leak_watch is not None:
+                self.leak_watch.acknowledge(device)
+        if tick:
+            self.tick()
         return was
+
+    def leaks(self) -> list[dict]:
+        """The node's leaked device processes now (:mod:`.leaks`): device, pid, command, holder, since, ours, ..."""
+        if self.leak_watch is None:
+            raise ClusterError(f"node {self.node_key} has no leak watcher")
+        return list(self.leak_watch.rows)
+
+    def reclaim(self, device: int) -> dict:
+        """End ``device``'s leaked processes that belong to this node's Ray workers; report the others (:mod:`.leaks`).
+
+        Raises:
+            ClusterError: no such device, or no leak watcher.
+        """
+        if device not in self.record.topology.indices:
+            raise ClusterError(f"node {self.node_key} has no device {device} "
+                               f"(devices {list(self.record.topology.indices)})")
+        if self.leak_watch is None:
+            raise ClusterError(f"node {self.node_key} has no leak watcher")
+        out = self.leak_watch.reclaim(device)
+        self.tick()
+        return out
 
     def placeholder_resources(self, device: int) -> dict[str, float]:
         """What holds ``device`` in Ray's ledger: one ``GPU``, or all of its units of the node's family

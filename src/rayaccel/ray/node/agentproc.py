@@ -180,7 +180,7 @@ def serve(a: argparse.Namespace) -> int:
 
     from rayaccel.contract import AGENT_NAMESPACE, AGENT_PREFIX, NAMESPACE
     from rayaccel.ray import _ray_private as rp
-    from rayaccel.ray.node import health, metrics, usage
+    from rayaccel.ray.node import health, leaks, metrics, usage
     from rayaccel.ray.node.agent import NodeAgent
 
     from rayaccel._proc import start_time
@@ -192,11 +192,13 @@ def serve(a: argparse.Namespace) -> int:
     ray.init(address=a.address, namespace=AGENT_NAMESPACE, logging_level="ERROR", log_to_driver=False)
     body = NodeAgent(a.node_key, a.dir)
     body.node_id = a.node_id
+    body.raylet_pid = a.raylet_pid
     body._is_head = "node:__internal_head__" in rp.total_resources_per_node().get(a.node_id, {})
     server = Server(body, ray.util.get_node_ip_address())
     threading.Thread(target=server.serve_forever, daemon=True, name="rayaccel-agent-serve").start()
     health.attach(body)
     usage.attach(body)  # after the health watcher (a simulated node's FakeNVML), before the metrics that export it
+    leaks.attach(body)  # after the usage watch (its NVML read), before the metrics
     metrics.attach(body)
     body.start()
     rp.kv_put(AGENT_PREFIX + a.node_key, server.published(), NAMESPACE)

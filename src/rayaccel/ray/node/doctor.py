@@ -4,7 +4,8 @@ Imported by the node agent (:mod:`.agent`); it imports nothing of the cluster ha
 (:mod:`.doctor_cluster`), which calls the agents and judges their answers together.
 
 Facts: the Ray / rayaccel / Python versions, whether the worker hook is installed and Ray's
-GPU-id function patched, GPU slots held by unhooked workers, the health watcher's error, arbiter
+GPU-id function patched, GPU slots held by unhooked workers, the health watcher's error, the leak watcher and the
+leaked device processes it sees now (:mod:`.leaks`), arbiter
 resets, the node's NVLink domain as its published topology says (:func:`~rayaccel.doctor._fabric.domain_summary`:
 the domain, or why none), and the hardware checks of :func:`rayaccel.doctor.local_checks`
 (``n/a`` on a simulated node), and what caps a worker holding a share of a GPU there (``memory shares``:
@@ -34,6 +35,9 @@ def node_facts(agent: Any) -> dict:
                              "health_error": agent.health_error,
                              "resets": agent.last.resets if agent.last is not None else 0,
                              "hostname": topology.hostname, "domain": domain_summary(topology)}
+    lw = getattr(agent, "leak_watch", None)
+    facts["leaks"] = ({"on": True, "rows": list(lw.rows), "reclaim_after_s": lw.after_s, "error": lw.error}
+                      if lw is not None else {"on": False})
     lock = agent.arbiter.lock_info()
     facts["lock"] = lock._asdict() if lock is not None else None
     try:

@@ -31,7 +31,7 @@ from rayaccel.errors import ClusterError
 from rayaccel.topology import NodeTopology
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.node.preset import given
-from rayaccel.ray.node import failpolicy
+from rayaccel.ray.node import failpolicy, leakpolicy
 from rayaccel.ray.node.failpolicy import failed_gpu_mode
 from rayaccel.ray.node.start import nic_env_names, node_env, node_topology, prepare, zero_gpu_mode
 from rayaccel.ray.node.processes import _local, _my_ray_processes, _save_processes, _stop_new, local_nodes, stop_local
@@ -166,7 +166,8 @@ def check_head(address: str, timeout_s: float = HEAD_PROBE_TIMEOUT_S) -> None:
 def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None = None,
                *, publish: bool = True, timeout_s: float = 120.0, network_topology: str | None = None,
                instance_id: str | None = None, nic_env: str | Sequence[str] | None = None,
-               zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None) -> Started:
+               zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None,
+               reclaim_leaks: str | float | None = None) -> Started:
     """Start this machine's rayaccel node (see module docstring).
 
     Args:
@@ -181,6 +182,8 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
         zero_gpu_tasks: what a task asking no GPU sees: ``see-none`` (default) or ``see-all`` (plain Ray's).
         on_failed_gpu: what the agent does with the workers of a device its health watcher drains:
             ``leave`` (default) or ``end-workers`` (:mod:`.failpolicy`).
+        reclaim_leaks: end leaked device processes of the node's workers once a leak has lasted this long
+            (``30s``, ``5m``; default: never, only ``rayaccel reclaim``; :mod:`.leakpolicy`).
 
     The node manages the devices it was given (:mod:`.preset`): a visible-devices variable set for it
     (``CUDA_VISIBLE_DEVICES=4,5,6``, UUIDs, empty = none) or ``--num-gpus`` smaller than the host's count;
@@ -193,6 +196,7 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
     nic_env_names(nic_env)  # a bad name fails before anything starts
     zero_gpu_mode(zero_gpu_tasks)
     failed_gpu_mode(on_failed_gpu)
+    leakpolicy.reclaim_after(reclaim_leaks)
     joining = _flag_value(ray_args, "--address")
     if joining is not None and "--head" not in ray_args:
         check_head(joining)  # nothing there: say so in seconds, not after ray start's two minutes
@@ -204,6 +208,7 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
                          resources=_json_object(_flag_value(ray_args, "--resources")))
     record, directory = prepare(topo, simulated, preset=preset)
     failpolicy.write(directory, on_failed_gpu)
+    leakpolicy.write(directory, reclaim_leaks)
     head = "--head" in ray_args
     try:
         cmd = ray_start_command(topo, record.node_key, ray_args, simulated=simulated, network=network)

@@ -16,6 +16,8 @@ port), so the names scraped are ``ray_rayaccel_...`` (see
   all-reduce over the best possible for their size on the idle node, 0..1),
   ``rayaccel_grants_waiting``, ``rayaccel_unhooked_gpu_slots``, and
   ``rayaccel_health_events_total`` (tags ``device``, ``kind``);
+* per device, from the leak watcher (:mod:`.leaks`): ``rayaccel_leaked_processes`` (leaked processes on the
+  device; its state is ``leaked`` while it is fenced) and ``rayaccel_leak_age_seconds`` (the oldest's age);
 * per holder and device (tags ``node``, ``device``, ``actor_class``, ``actor_name``,
   ``task_function``; :mod:`.usage`): ``rayaccel_holder_memory_used_bytes``,
   ``rayaccel_holder_utilization_percent``, ``rayaccel_holder_spilled_bytes`` -- holders with the
@@ -58,6 +60,8 @@ class Exporter:
         self.waiting = Gauge(M.GRANTS_WAITING, "grants waiting for a suitable set", tag_keys=node)
         self.unhooked = Gauge(M.UNHOOKED_GPU_SLOTS, "GPU slots held by workers without the hook", tag_keys=node)
         self.events = Counter(M.HEALTH_EVENTS_TOTAL, "device health events", tag_keys=dev + ("kind",))
+        self.leaked = Gauge(M.LEAKED_PROCESSES, "leaked processes on the device (no live holder's)", tag_keys=dev)
+        self.leak_age = Gauge(M.LEAK_AGE_SECONDS, "age of the device's oldest leaked process (s)", tag_keys=dev)
         self.used = Gauge(M.HOLDER_MEMORY_USED_BYTES, "device memory a Ray actor or task uses (bytes)",
                           tag_keys=M.HOLDER_TAGS)
         self.util = Gauge(M.HOLDER_UTILIZATION_PERCENT, "device utilisation by a Ray actor or task (%)",
@@ -106,6 +110,7 @@ class Exporter:
         pool = frozenset(gpu_pool(topo))
         partitioned = frozenset(d.index for d in topo.devices if d.partitions)
         worst = (snap.health or {}).get("worst", {}) or {}
+        leaks = [r for r in (snap.leaks or {}).get("rows", ()) if isinstance(r, dict)]
         holders: dict[int, list[str]] = {}
         for h in snap.holders:
             if h.waiting or h.drain is not None:
@@ -122,7 +127,11 @@ class Exporter:
             reserved = (d.memory_bytes or 0) * (frac if frac else (1.0 if state == "busy" else 0.0))
             self.memory.set(float(reserved), tags=tags)
             self.health.set(float(HEALTH_LEVEL.get(worst.get(str(d.index)), 0)), tags=tags)
-            self.drained.set(1.0 if state == "drained" else 0.0, tags=tags)
+            self.drained.set(1.0 if state in ("drained", "leaked") else 0.0, tags=tags)
+            mine = [r for r in leaks if r.get("device") == d.index]
+            self.leaked.set(float(len(mine)), tags=tags)
+            oldest = min((r["since"] for r in mine if isinstance(r.get("since"), (int, float))), default=None)
+            self.leak_age.set(max(0.0, snap.at - oldest) if oldest is not None else 0.0, tags=tags)
             for who in holders.get(d.index, ()):
                 current.add((str(d.index), who))
         for dev, who in current | self._holders:

@@ -162,6 +162,7 @@ class UsageWatch:
                 log.warning("rayaccel usage: %s (its figures are left out)", p)
         self.rows = join(snap.holders if snap is not None else (), procs, files)
         agent.usage_rows = self.rows
+        agent.nvml_procs = procs  # the leak watcher's NVML evidence (.leaks): one NVML read per period
 
 
 def _reader(agent: Any) -> NvmlUsageReader | None:

@@ -58,9 +58,9 @@ from rayaccel.arbiter.table import NodeTable, decode_table
 from rayaccel.errors import ClusterError
 from rayaccel.ray import _ray_private as rp
 from rayaccel.contract import NODE_VISIBLE_ENV, ZERO_GPU_ENV
-from rayaccel.contract import (DEVICES_ENV, NIC_ENV_ENV, NODE_DIR_ENV, RECORD_FILE, REMOTE_MODULE, TABLE_FILE,
-                               UCX_NET_DEVICES, drain_target, format_devices, host_netdevs, host_rdma_devices,
-                               nic_env_values, parse_nic_env)
+from rayaccel.contract import (DEVICES_ENV, HOLDER_ENV, NIC_ENV_ENV, NODE_DIR_ENV, RECORD_FILE, REMOTE_MODULE,
+                               TABLE_FILE, UCX_NET_DEVICES, drain_target, format_devices, format_holder, host_netdevs,
+                               host_rdma_devices, nic_env_values, parse_nic_env)
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,8 @@ def _after_set_visible(saved: dict) -> dict:
     cur = _ensure(ns, rp.global_worker()) if ns.families else _W.current  # Ray asked for the GPUs' already
     if cur is _DEFERRED:
         cur = None
-    for var in (*((ns.env_var,) if ns.gpus else ()), *ns.family_defaults, DEVICES_ENV, UCX_NET_DEVICES, *ns.nic_env):
+    for var in (*((ns.env_var,) if ns.gpus else ()), *ns.family_defaults, DEVICES_ENV, HOLDER_ENV, UCX_NET_DEVICES,
+                *ns.nic_env):
         saved.setdefault(var, os.environ.get(var))
     for t in ns.families:
         _family_env(ns, t, cur.units.get(t.name) if cur is not None else None)
@@ -348,6 +349,7 @@ def _after_set_visible(saved: dict) -> dict:
         for var, value in ns.user_nic_env.items():
             _restore(var, value)
         os.environ.pop(DEVICES_ENV, None)
+        os.environ.pop(HOLDER_ENV, None)
         _apply_affinity(None)
         if ns.gpus:
             _memory_cap(ns, None)
@@ -357,6 +359,8 @@ def _after_set_visible(saved: dict) -> dict:
         _memory_cap(ns, cur)
     devs = _indices(ns, cur)
     os.environ[DEVICES_ENV] = format_devices(devs)
+    # who this grant is: a process the task starts inherits it (the node agent's leak watcher reads it there)
+    os.environ[HOLDER_ENV] = format_holder(os.getpid(), cur.asked.key, str(cur.asked.info.get("name") or ""))
     cpus: set[int] = set()
     for i in devs:
         cpus.update(ns.table.cpus.get(i, ()))
