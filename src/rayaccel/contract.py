@@ -117,6 +117,12 @@ FAILED_GPU_MODES = ("leave", "end-workers")
 #: Whether and when the node's agent ends leaked processes by itself (``rayaccel start --reclaim-leaks AFTER``;
 #: :mod:`rayaccel.ray.node.leakpolicy`), format :data:`RECLAIM_LEAKS_SCHEMA`; absent: never (``rayaccel reclaim`` only).
 RECLAIM_LEAKS_FILE = "reclaim-leaks.json"
+#: The MIG instances that exist now on the node's dynamic-MIG GPUs (``rayaccel start --dynamic-mig``;
+#: :mod:`rayaccel.ray.node.dynmig`): dynamic unit -> MIG UUID, format :data:`DYNMIG_SCHEMA`; written by the agent,
+#: read by the arbiter at each MIG grant (a unit without an instance is never handed out).
+DYNMIG_FILE = "dynmig.json"
+#: The prefix of the placement groups that hold a dynamic-MIG GPU's units that have no instance in Ray's ledger.
+DYNMIG_PREFIX = "rayaccel-mig-"
 #: The ``by`` of a drain the leak watcher made (a fence): lifted by the watcher once the leaked processes are gone.
 LEAK_DRAIN_BY = "leak"
 #: The node directory's folder of per-worker usage files (``usage/<pid>.json``, format :data:`USAGE_SCHEMA`): what a
@@ -143,11 +149,13 @@ FAILED_GPU_SCHEMA = "rayaccel.on-failed-gpu/1"
 USAGE_SCHEMA = "rayaccel.usage/1"
 #: The node's leak reclaim policy (:data:`RECLAIM_LEAKS_FILE`).
 RECLAIM_LEAKS_SCHEMA = "rayaccel.reclaim-leaks/1"
+#: The dynamic-MIG instances file (:data:`DYNMIG_FILE`).
+DYNMIG_SCHEMA = "rayaccel.dynmig/1"
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_OK = re.compile(r"^[0-9a-f]{12}$")
 
-__all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "FAILED_GPU_FILE", "FAILED_GPU_MODES", "FAILED_GPU_SCHEMA", "GPU_MEMORY_ENV", "HOLDER_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LEAK_DRAIN_BY", "LOCK_FILE",
+__all__ = ["AGENT_NAMESPACE", "AGENT_PREFIX", "AGENT_SCHEMA", "DEVICES_ENV", "DRAIN_PREFIX", "DYNMIG_FILE", "DYNMIG_PREFIX", "DYNMIG_SCHEMA", "FAILED_GPU_FILE", "FAILED_GPU_MODES", "FAILED_GPU_SCHEMA", "GPU_MEMORY_ENV", "HOLDER_ENV", "HOOK_MODULE", "IB_DIR", "IB_DIR_ENV", "LABEL_PREFIX", "LEAK_DRAIN_BY", "LOCK_FILE",
            "NAMESPACE", "NIC_ENV_ENV", "NODE_VISIBLE_ENV", "NIC_ENV_VARS", "NODE_DIR_ENV", "NODE_KEY_ENV", "NODE_KEY_LABEL",
            "RDT_DEVICE_BYTES_ENV", "RDT_PATH_ENV", "RECLAIM_LEAKS_FILE", "RECLAIM_LEAKS_SCHEMA", "RECORD_FILE", "RECORD_SCHEMA", "SNAPSHOT_SCHEMA", "STATE_SCHEMA", "TABLE_SCHEMA", "REMOTE_MODULE", "STATE_DIR_ENV", "STATE_FILE", "TABLE_FILE",
            "TOPOLOGY_ENV", "UCX_NET_DEVICES", "UNHOOKED_PREFIX", "USAGE_DIR", "USAGE_SCHEMA", "ZERO_GPU_ENV", "ZERO_GPU_MODES", "drain_name", "drain_target", "format_devices", "format_holder", "host_netdevs", "host_rdma_devices",

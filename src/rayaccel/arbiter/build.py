@@ -16,6 +16,7 @@ from dataclasses import fields
 
 from ..discovery.rayspec import RaySpec
 from ..placement import NodeState, Request, allocate
+from ..placement.migunits import instance_unit, parse_unit
 from ..placement.pools import gpu_pool, mig_pools
 from ..placement.units import node_units
 from ..topology import NodeTopology, near_nics
@@ -35,7 +36,7 @@ def gpu_vendor(topology: NodeTopology) -> str:
 
 
 def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: RaySpec | None = None,
-                ray_ids: dict[int, str] | None = None) -> NodeTable:
+                ray_ids: dict[int, str] | None = None, dynamic_mig: tuple[int, ...] = ()) -> NodeTable:
     """The node table of ``topology`` (see :mod:`.table`).
 
     Args:
@@ -48,6 +49,10 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: Ra
         ray_ids: unit -> the id Ray hands out for it when the node was given a visible-devices preset
             (``"4"``, ``"GPU-..."``; a GPU's unit is its device; stored as the resource's ``uuid_of``), else
             None (Ray's integers: the units themselves). See :func:`rayaccel.ray.node.preset.table_ids`.
+
+        dynamic_mig: GPUs the node's agent re-partitions: their MIG units are every instance they could hold
+            (``"0:1g.5gb@2"``, :func:`~rayaccel.placement.pools.mig_pools`), named by UUID only where an instance
+            exists (the agent keeps that list current: :data:`~rayaccel.contract.DYNMIG_FILE`).
 
     Each device's nearest RDMA NICs come from :func:`rayaccel.topology.near_nics` (PIX, else PXB).
     """
@@ -67,7 +72,16 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: Ra
                                                  named, pre, spec_fields(spec))
     parent = {p.key: p.parent for p in topology.partitions()}
     uuids = {p.key: p.uuid for p in topology.partitions() if p.uuid}
-    for r, units in mig_pools(topology).items():
+    dyn = set(dynamic_mig)
+    for p in topology.partitions():
+        if p.parent in dyn and p.start is not None:
+            u = instance_unit(p)
+            if p.uuid:
+                uuids[u] = p.uuid
+    for r, units in mig_pools(topology, dynamic_mig).items():
+        for u in units:
+            if (pu := parse_unit(u)) is not None and pu[0] in dyn:
+                parent[u] = pu[0]
         units = tuple(units)
         resources[r] = ResourceTable(r, "mig", units, {u: parent[u] for u in units},
                                      {u: uuids[u] for u in units if u in uuids})

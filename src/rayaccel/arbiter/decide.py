@@ -384,17 +384,23 @@ def _assign(pool: list, cand: list[int], mine: list[int], want: tuple) -> None:
 def _instances(r: str, slots: tuple, pools: dict, holders: dict, drained: Mapping[int, Drain],
                table: NodeTable) -> tuple[tuple, str | None]:
     units = pools[r]
-    dev = table.resources[r].device_of
+    t = table.resources[r]
+    dev = t.device_of
+    # a dynamic-MIG unit ("0:1g.5gb@2") is handed out only while its instance exists (it has a UUID): the node's
+    # agent holds the others in Ray's ledger, so Ray's free count is the existing free instances'
+    absent = {u for u in units if "@" in str(u) and u not in t.uuid_of}
     out = []
     for slot, _ in slots:
         if not 0 <= slot < len(units):
             return (), f"{r} slot {slot} is not a MIG instance of this node"
         pinned = {s for h in holders.values() if not h.waiting for s, _ in h.slots.get(r, ())}
         pinned.discard(slot)
-        ok = [s for s in range(len(units)) if s not in pinned and dev.get(units[s]) not in drained]
+        ok = [s for s in range(len(units))
+              if s not in pinned and dev.get(units[s]) not in drained and units[s] not in absent]
         if slot not in ok:
             if not ok:
-                return (), f"no free {r} instance outside drained devices"
+                return (), (f"no free {r} instance outside drained devices"
+                            + (" (the node's agent creates one: dynamic MIG)" if absent else ""))
             other = ok[0]
             units[slot], units[other] = units[other], units[slot]
         out.append(units[slot])

@@ -247,6 +247,8 @@ class Snapshot(NamedTuple):
             node's NeuronCores, TPU chips, ...), or None when not known (then: the GPU pool).
         leaks: the leak watcher's summary (``rows``: leaked processes, ``events``: fences, lifts and
             reclaims, ``reclaim_after_s``, ``error``; :mod:`rayaccel.ray.node.leaks`), empty when none runs.
+        dynmig: dynamic MIG's summary (``gpus``, ``instances``: unit -> UUID, ``held``, ``demand``, ``events``: its
+            creates and destroys, ``error``; :mod:`rayaccel.ray.node.dynmig`), empty on a node without it.
     """
 
     at: float
@@ -267,6 +269,7 @@ class Snapshot(NamedTuple):
     lock: LockInfo | None = None
     pool: tuple[int, ...] | None = None
     leaks: Mapping[str, Any] = {}
+    dynmig: Mapping[str, Any] = {}
 
     def waiting(self) -> tuple[SnapshotHolder, ...]:
         """Holders whose grant waits."""
@@ -388,6 +391,7 @@ def encode_snapshot(s: Snapshot) -> str:
         "unhooked_slots": s.unhooked_slots, "agent_errors": s.agent_errors, "health": dict(s.health),
         "lock": s.lock._asdict() if s.lock is not None else None,
         "pool": list(s.pool) if s.pool is not None else None, "leaks": dict(s.leaks),
+        **({"dynmig": dict(s.dynmig)} if s.dynmig else {}),
     }, separators=(",", ":"))
 
 
@@ -491,12 +495,18 @@ def decode_snapshot(raw: bytes | str, where: str) -> Snapshot:
                        for r in leaks.get("rows", [])) \
             or not isinstance(leaks.get("events", []), list):
         raise bad("leaks", "an object with rows[{device, pid, ...}] and events[]")
+    dyn = d.get("dynmig") or {}
+    if not isinstance(dyn, dict) or not isinstance(dyn.get("instances", {}), dict) \
+            or not isinstance(dyn.get("events", []), list) \
+            or not all(isinstance(e, dict) for e in dyn.get("events", [])) \
+            or not isinstance(dyn.get("held", {}), dict) or not isinstance(dyn.get("gpus", []), list):
+        raise bad("dynmig", "an object with gpus[], instances{unit: uuid}, held{}, events[{...}]")
     return Snapshot(at=float(d.get("at", 0)), node_key=node_key, free=tuple(free), holders=tuple(out_h),
                     drained=out_d, mig_held=tuple(mig), shared={int(k): float(v) for k, v in shared.items()},
                     slots_held=float(d.get("slots_held", 0)), resets=d.get("resets", 0), pgs=pgs,
                     decisions=decisions, new_decisions=new, unhooked_slots=float(d.get("unhooked_slots", 0)),
                     agent_errors=d.get("agent_errors", 0), health=health, lock=lock,
-                    pool=tuple(pool) if pool is not None else None, leaks=leaks)
+                    pool=tuple(pool) if pool is not None else None, leaks=leaks, dynmig=dyn)
 
 
 def _decisions(v: Any, bad: Any, name: str) -> tuple:

@@ -24,13 +24,13 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .._proc import cmdline
 from .._proc import exists as pid_alive  # the arbiter's default liveness test
-from ..contract import LOCK_FILE, STATE_FILE
+from ..contract import DYNMIG_FILE, LOCK_FILE, STATE_FILE
 from ..errors import ClusterError
 from . import decide as D
 from .choose import TableChooser
 from .state import (GPU, ArbiterState, LockInfo, Reservation, Snapshot, StateError, decode_state, encode_state,
                     fresh_state, snapshot_of)
-from .table import NodeTable
+from .table import NodeTable, decode_live, dynamic_resources, encode_live, with_live
 
 log = logging.getLogger(__name__)
 #: One JSON line per decision (time, microseconds, devices, MIG instances), appended; read by the agent.
@@ -70,6 +70,9 @@ class Arbiter:
             raise ClusterError(f"rayaccel node directory {self.dir} does not exist (was the node started by "
                                f"`rayaccel start`?)")
         self.table = table
+        self._base_table = table
+        self._dynamic = bool(dynamic_resources(table))
+        self._live_mtime: int | None = None
         self.pools = table.pools()
         if chooser is None:
             chooser = TableChooser(table, topology if callable(topology) else (lambda: topology))
@@ -262,6 +265,8 @@ class Arbiter:
         t0 = time.perf_counter()
         fd = self._acquire()
         try:
+            if self._dynamic:
+                self.refresh_live()
             st = self._load()
             new, g = D.decide(st, req, self.table, chooser=self.chooser, alive=self.alive, now=time.time())
             mtime_ns = self._save(new)
@@ -271,6 +276,47 @@ class Arbiter:
         if g.waiting is None and g.units:
             self._log_decision(dt, g)
         return g._replace(seconds=dt, state_mtime_ns=mtime_ns)
+
+    # ------------------------------------------------------------------ dynamic MIG
+    def refresh_live(self) -> None:
+        """Take the dynamic-MIG instances that exist now (:data:`~rayaccel.contract.DYNMIG_FILE`, written by the
+        node's agent) into :attr:`table` when the file changed: their units get their UUIDs, the others none (never
+        handed out). Before the agent first writes it, the node table's instances stand. An unreadable file keeps
+        what was read last (one error line)."""
+        path = os.path.join(self.dir, DYNMIG_FILE)
+        try:
+            mtime: int | None = os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            mtime = None
+        if mtime == self._live_mtime:
+            return
+        self._live_mtime = mtime
+        if mtime is None:
+            self.table = self._base_table
+            return
+        try:
+            with open(path, "rb") as f:
+                live = decode_live(f.read())
+        except (OSError, StateError) as e:
+            log.error("rayaccel arbiter: %s unreadable (%s); keeping the MIG instances read before", path, e)
+            return
+        self.table = with_live(self._base_table, live)
+
+    def write_live(self, instances: Mapping[str, str]) -> None:
+        """Replace the dynamic-MIG instances file (the agent, under :meth:`exclusive` so no grant sees half of it)."""
+        path = os.path.join(self.dir, DYNMIG_FILE)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(encode_live(instances, time.time()))
+        os.replace(tmp, path)
+        self.refresh_live()
+
+    def exclusive(self, fn: Callable[[ArbiterState], Any], timeout_s: float | None = None) -> Any:
+        """Run ``fn(state)`` under the node lock (no grant runs meanwhile); the state is not changed. Returns its result."""
+        with self._locked(timeout_s):
+            if self._dynamic:
+                self.refresh_live()
+            return fn(self._load())
 
     def release(self, pid: int, key: str | None = None) -> None:
         """Forget ``pid``'s grant (only grant ``key`` when given). Idempotent."""
@@ -339,6 +385,11 @@ class Arbiter:
         except OSError:
             self._log_fd = None  # the log only feeds metrics
 
+    def log_step(self, step: Mapping[str, Any]) -> None:
+        """Append one step of the node's agent (a dynamic-MIG create or destroy) to the decision log, as a JSON
+        object (:meth:`decisions` returns grants only; :meth:`steps` these)."""
+        os.write(self._log(), (json.dumps(dict(step), separators=(",", ":"), default=str) + "\n").encode())
+
     def _log(self) -> int:
         """The decision log's file, opened on first use (append-only)."""
         if self._log_fd is None:
@@ -364,9 +415,11 @@ class Arbiter:
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
             try:
-                out.append(json.loads(line))
+                x = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(x, list):  # a grant (an agent's step is an object: log_step)
+                out.append(x)
         offset = since + end
         if offset > max_bytes:
             try:

@@ -26,7 +26,7 @@ worker's path).
 import json
 from typing import Any, Mapping, NamedTuple
 
-from ..contract import TABLE_SCHEMA, load_json
+from ..contract import DYNMIG_SCHEMA, TABLE_SCHEMA, load_json
 from .state import StateError
 
 #: The largest node table a worker reads (a 72-device node's is ~1 MiB with its plans).
@@ -181,3 +181,37 @@ def _parse_ranges(s: str) -> tuple[int, ...]:
         lo, _, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
     return tuple(out)
+
+
+# ------------------------------------------------------------------ dynamic MIG: the instances that exist now
+def dynamic_resources(t: NodeTable) -> tuple[str, ...]:
+    """The MIG resources whose units are a dynamic-MIG GPU's possible instances (``"0:1g.5gb@2"``)."""
+    return tuple(r for r, x in t.resources.items() if x.kind == "mig" and any("@" in str(u) for u in x.units))
+
+
+def encode_live(instances: Mapping[str, str], at: float) -> bytes:
+    """The dynamic-MIG file's bytes: ``instances`` (dynamic unit -> MIG UUID) that exist now."""
+    return json.dumps({"schema": DYNMIG_SCHEMA, "at": at, "instances": dict(sorted(instances.items()))},
+                      separators=(",", ":")).encode()
+
+
+def decode_live(raw: bytes) -> dict[str, str]:
+    """Parse the dynamic-MIG file (dynamic unit -> MIG UUID).
+
+    Raises:
+        StateError: not that format (names it), or a malformed entry.
+    """
+    d = load_json(raw, what="dynamic MIG instances", max_bytes=1 << 20, error=StateError, schema=DYNMIG_SCHEMA)
+    inst = d.get("instances")
+    if not isinstance(inst, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in inst.items()):
+        raise StateError("instances must map units to MIG UUIDs", "instances")
+    return dict(inst)
+
+
+def with_live(t: NodeTable, live: Mapping[str, str]) -> NodeTable:
+    """``t`` with its dynamic MIG resources' UUIDs replaced by ``live`` (a unit absent there has no instance)."""
+    res = dict(t.resources)
+    for r in dynamic_resources(t):
+        x = res[r]
+        res[r] = x._replace(uuid_of={u: live[u] for u in x.units if u in live})
+    return t._replace(resources=res)

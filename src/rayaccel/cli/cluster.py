@@ -24,7 +24,8 @@ def _start(ctx: typer.Context,
            nic_env: Optional[str] = typer.Option(None, "--nic-env", help="Also write these NIC variables at each grant, from the devices' near NICs (UCX_NET_DEVICES always): NCCL_IB_HCA, NVSHMEM_HCA_LIST, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME. A value the user set is kept."),
            zero_gpu_tasks: Optional[str] = typer.Option(None, "--zero-gpu-tasks", help="What a task asking no GPU sees: see-none (default: no GPU) or see-all (plain Ray's: the node's GPUs)."),
            on_failed_gpu: Optional[str] = typer.Option(None, "--on-failed-gpu", help="When the health watcher drains a failed GPU (an Xid, a lost GPU): leave (default) its workers, or end-workers, so Ray restarts them on a healthy device."),
-           reclaim_leaks: Optional[str] = typer.Option(None, "--reclaim-leaks", metavar="AFTER", help="End leaked device processes of this node's Ray workers (a worker's child that outlived it) once a leak has lasted AFTER (30s, 5m, 1h); default: never, only `rayaccel reclaim`.")) -> None:
+           reclaim_leaks: Optional[str] = typer.Option(None, "--reclaim-leaks", metavar="AFTER", help="End leaked device processes of this node's Ray workers (a worker's child that outlived it) once a leak has lasted AFTER (30s, 5m, 1h); default: never, only `rayaccel reclaim`."),
+           dynamic_mig: Optional[str] = typer.Option(None, "--dynamic-mig", metavar="GPUS", help="GPUs in MIG mode (0,1 or all) whose MIG instances the node's agent creates for waiting mig_<profile> work and destroys when idle and in the way of another profile (never one with work). Enabling MIG mode stays the operator's (a GPU reset).")) -> None:
     """Start a Ray node whose devices rayaccel manages (other flags go to `ray start`).
 
     CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD) set for the node, or --num-gpus smaller than the host's
@@ -40,7 +41,7 @@ def _start(ctx: typer.Context,
 
     res = start_node(list(ctx.args), topology, publish=not no_publish, network_topology=network_topology,
                      instance_id=instance_id, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks,
-                     on_failed_gpu=on_failed_gpu, reclaim_leaks=reclaim_leaks)
+                     on_failed_gpu=on_failed_gpu, reclaim_leaks=reclaim_leaks, dynamic_mig=dynamic_mig)
     rec = res.record
     t = rec.topology
     what = t.name or t.hostname or "discovered"
@@ -48,6 +49,8 @@ def _start(ctx: typer.Context,
                   f"{res.processes} Ray processes)")
     console.print(f"  devices: {len(t.devices)} ({escape(what)}{', simulated' if rec.simulated else ''}); "
                   f"Ray GPU={len(gpu_pool(t))}, MIG instances={len(t.partitions())}")
+    if rec.dynamic_mig:
+        console.print(f"  dynamic MIG on GPU(s) {', '.join(map(str, rec.dynamic_mig))}: instances made for waiting work")
     if rec.host is not None:
         console.print(f"  given:   {escape(str(rec.given_by))}: this node manages devices "
                       f"{list(t.indices)} of the host's {list(rec.host)}")

@@ -124,6 +124,29 @@ def _node_tables(nodes: list[dict]) -> list[Any]:
             out.append(usage_table(n["usage"]))
         if n.get("leaks"):
             out.append(leaks_table(n["leaks"]))
+        if n.get("dynamic_mig"):
+            out.extend(dynmig_lines(n["dynamic_mig"]))
+    return out
+
+
+def dynmig_lines(dm: dict) -> list:
+    """Dynamic MIG on a node (``status``): its GPUs, instances, holds, and each create / destroy with its reason."""
+    held = ", ".join(f"{r}={n}" for r, n in sorted((dm.get("held") or {}).items()))
+    out: list = [Text(f"  dynamic MIG on GPU(s) {', '.join(map(str, dm.get('gpus') or []))}: "
+                      f"{len(dm.get('instances') or {})} instance(s); held without an instance: {held or 'none'}")]
+    if dm.get("error"):
+        out.append(Text(f"  dynamic MIG: {dm['error']}", style="yellow"))
+    events = dm.get("events") or []
+    if events:
+        t = Table(title=Text("  dynamic MIG steps", style="bold"), title_justify="left", expand=False, pad_edge=False)
+        for col in ("age", "step", "gpu", "profile", "slice", "uuid", "why"):
+            t.add_column(col, overflow="fold")
+        for e in events[-10:]:
+            t.add_row(Text(_since(e.get("at"))), Text(str(e.get("action")) + ("" if e.get("ok") else " (failed)"),
+                                                       style=None if e.get("ok") else "red"),
+                      Text(str(e.get("gpu"))), Text(str(e.get("profile"))), Text(str(e.get("start"))),
+                      Text(str(e.get("uuid") or "-")), Text(str(e.get("error") or e.get("why") or "")))
+        out.append(t)
     return out
 
 

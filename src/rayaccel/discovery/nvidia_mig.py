@@ -113,4 +113,15 @@ class NvmlMigOps:
         return [p for p in dev.partitions if p.uuid] if dev is not None else []
 
 
-__all__ = ["MigOpError", "NvmlMigOps"]
+def host_ops() -> NvmlMigOps:
+    """:class:`NvmlMigOps` on this host's NVML (``pynvml``, nvidia-ml-py).
+
+    Raises:
+        BackendUnavailable: pynvml is not importable.
+    """
+    from .nvidia import NvidiaBackend
+
+    return NvmlMigOps(NvidiaBackend()._module())
+
+
+__all__ = ["MigOpError", "NvmlMigOps", "host_ops"]

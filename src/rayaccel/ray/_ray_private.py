@@ -693,3 +693,69 @@ def local_gcs_addresses() -> list[str]:
     from ray._private import services
 
     return sorted(set(services.find_gcs_addresses()))
+
+
+# ------------------------------------------------------------------ dynamic MIG (rayaccel.ray.node.dynmig)
+def pending_demand(gcs_address: str, timeout_s: int = 5) -> list[tuple[dict[str, float], int]]:
+    """Ray's queued task and actor demands: ``[(bundle, count), ...]`` (what waits for resources now).
+
+    The autoscaler's v2 SDK (``ray.autoscaler.v2.sdk.get_cluster_status``: the GCS's autoscaling state, which
+    every raylet reports whichever autoscaler runs), present from 2.48 to 2.60. Where it is absent, Ray's
+    older debug state (``ray._private.state.state.get_cluster_status``'s ``resource_demands``) is not a stable
+    shape, so the demand is read as none with one warning (dynamic MIG then only serves what is already made).
+    """
+    try:
+        from ray.autoscaler.v2.sdk import get_cluster_status
+    except ImportError:  # pragma: no cover - every release 2.48-2.60 carries it
+        _warn_once("pending_demand", "this Ray has no ray.autoscaler.v2.sdk: dynamic MIG sees no waiting work")
+        return []
+    cs = get_cluster_status(gcs_address, timeout=timeout_s)
+    out = []
+    for dem in cs.resource_demands.ray_task_actor_demand:
+        for rc in dem.bundles_by_count:
+            out.append(({str(k): float(v) for k, v in rc.bundle.items()}, int(rc.count)))
+    return out
+
+
+def pinned_group(bundles: list[dict[str, float]], node_id: str, labels: dict[str, str], name: str) -> Any:
+    """A detached STRICT_PACK placement group meant for node ``node_id``: its bundles pinned by ``labels``
+    where this Ray honours a bundle's label selector (2.50+, :func:`can_pin_bundles`), else by the group's
+    private ``_soft_target_node_id`` (2.48-2.49: soft; the caller checks where it landed, :func:`group_nodes`)."""
+    from ray.util import placement_group
+
+    if can_pin_bundles():
+        return placement_group(bundles, strategy="STRICT_PACK", name=name, lifetime="detached",
+                               bundle_label_selector=[dict(labels) for _ in bundles])
+    return placement_group(bundles, strategy="STRICT_PACK", name=name, lifetime="detached",
+                           _soft_target_node_id=node_id)
+
+
+def group_nodes(pg_hex: str | None = None) -> dict[str, dict[str, Any]]:
+    """Placement groups (hex id -> ``name``, ``state``, ``nodes``: the node id of each bundle) as the GCS knows them."""
+    from ray.util import placement_group_table
+
+    table = placement_group_table()
+    out = {}
+    for gid, row in table.items():
+        nodes = row.get("bundles_to_node_id") or {}
+        out[gid] = {"name": row.get("name", ""), "state": row.get("state", ""),
+                    "nodes": [nodes[b] for b in sorted(nodes)]}
+    return out
+
+
+def group_handle(pg_hex: str) -> Any:
+    """A handle of placement group ``pg_hex`` (to remove one another process made)."""
+    from ray.util.placement_group import PlacementGroup
+
+    return PlacementGroup(_pg_id(pg_hex))
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, line: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        import logging
+
+        logging.getLogger(__name__).warning("rayaccel: %s", line)

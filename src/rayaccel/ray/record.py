@@ -37,7 +37,7 @@ def node_spec(topology: NodeTopology) -> RaySpec | None:
         return None
 
 
-def node_resources(topology: NodeTopology) -> tuple[int, dict[str, float]]:
+def node_resources(topology: NodeTopology, dynamic_mig: tuple[int, ...] = ()) -> tuple[int, dict[str, float]]:
     """``(num_gpus, custom resources)`` a node with ``topology`` advertises (see module docstring).
 
     What Ray itself would advertise on that hardware (:func:`rayaccel.discovery.ray_node_resources`:
@@ -45,14 +45,15 @@ def node_resources(topology: NodeTopology) -> tuple[int, dict[str, float]]:
     ``accelerator_type:<T>`` by Ray's naming, a TPU host's pod-slice resources), except that the
     ``GPU`` count is the GPU pool (devices in MIG mode and failed ones are not Ray's GPUs here) and
     MIG instances are ``mig_<profile>`` resources. Nothing else: a node is named and selected by its
-    ``rayaccel.io/node-key`` label (:func:`node_labels`), not by a resource.
+    ``rayaccel.io/node-key`` label (:func:`node_labels`), not by a resource. A GPU in ``dynamic_mig``
+    (``rayaccel start --dynamic-mig``) counts every instance it could hold (:func:`~rayaccel.placement.pools.mig_pools`).
     """
     spec = node_spec(topology)
     res: dict[str, float] = {}
     ray_res = ray_node_resources(topology, spec)[0] if spec is not None else {}
     if spec is None or spec.resource == GPU:
         num_gpus = len(gpu_pool(topology))
-        for r, units in mig_pools(topology).items():
+        for r, units in mig_pools(topology, dynamic_mig).items():
             res[r] = float(len(units))
     else:
         num_gpus = 0
@@ -100,6 +101,7 @@ class NodeRecord:
         simulated: True when the hardware is simulated (no real devices behind it).
         host: the host's device indices when the node manages only some of them, else None.
         given_by: what gave the node those devices (``"CUDA_VISIBLE_DEVICES=4,5,6"``, ``"--num-gpus=2"``), or None.
+        dynamic_mig: the GPUs the node's agent re-partitions (``rayaccel start --dynamic-mig``; :mod:`rayaccel.ray.node.dynmig`).
     """
 
     node_key: str
@@ -107,6 +109,7 @@ class NodeRecord:
     simulated: bool
     host: tuple[int, ...] | None = None
     given_by: str | None = None
+    dynamic_mig: tuple[int, ...] = ()
 
     def to_json(self) -> str:
         """Serialise (compact JSON)."""
@@ -114,6 +117,8 @@ class NodeRecord:
              "topology": self.topology.to_dict()}
         if self.host is not None:
             d.update(host=list(self.host), given_by=self.given_by)
+        if self.dynamic_mig:
+            d["dynamic_mig"] = list(self.dynamic_mig)
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
@@ -144,8 +149,12 @@ class NodeRecord:
             raise TopologyError("rayaccel node record: host must be a list of device indices", where)
         if given_by is not None and (not isinstance(given_by, str) or len(given_by) > 4096):
             raise TopologyError("rayaccel node record: given_by must be text", where)
+        dyn = data.get("dynamic_mig") or []
+        if not isinstance(dyn, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i in topo.indices
+                                                for i in dyn):
+            raise TopologyError("rayaccel node record: dynamic_mig must list devices of its topology", where)
         return cls(node_key=key, simulated=data["simulated"], topology=topo,
-                   host=tuple(host) if host is not None else None, given_by=given_by)
+                   host=tuple(host) if host is not None else None, given_by=given_by, dynamic_mig=tuple(dyn))
 
     def mismatch(self, total: Mapping[str, float]) -> str | None:
         """Why this record does not describe a node advertising ``total`` resources, or None.
@@ -153,7 +162,7 @@ class NodeRecord:
         A node's record must match what its raylet advertises: the GPU pool size, each
         MIG-profile count and its accelerator family's unit count.
         """
-        num_gpus, res = node_resources(self.topology)
+        num_gpus, res = node_resources(self.topology, self.dynamic_mig)
         have = float(total.get("GPU", 0.0))
         if abs(have - num_gpus) > 1e-6:
             return f"record lists {num_gpus} GPU(s) but the node advertises {have:g}"

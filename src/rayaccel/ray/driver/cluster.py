@@ -32,6 +32,7 @@ from rayaccel.placement.pools import gpu_pool
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.node import agent, failpolicy, leakpolicy
+from rayaccel.ray.node.dynmig import dynamic_gpus
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.driver import view
 from rayaccel.ray.driver.init import check_caller_args, with_caller_resources
@@ -91,6 +92,8 @@ class SimulatedCluster:
         on_failed_gpu: ``leave`` (default) or ``end-workers``, as ``rayaccel start --on-failed-gpu``.
         reclaim_leaks: end leaked device processes of the nodes' workers once a leak has lasted this long
             (``"30s"``, ``"5m"``; default: never), as ``rayaccel start --reclaim-leaks``.
+        dynamic_mig: GPUs in MIG mode (``"0,1"``, ``"all"``, ``[0]``) whose instances each rayaccel node's agent makes
+            for waiting ``mig_<profile>`` work, as ``rayaccel start --dynamic-mig`` (checked on every node first).
         ray_init_kwargs: passed to ``ray.init`` when connecting.
 
     A visible-devices variable in ``env`` (``CUDA_VISIBLE_DEVICES=4,5,6``) gives every node those devices of
@@ -107,7 +110,8 @@ class SimulatedCluster:
                  metrics_export_port: int | None = None, labels: Sequence[dict | None] | None = None,
                  nic_env: str | Sequence[str] | None = None, dashboard: bool = False,
                  zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None,
-                 reclaim_leaks: str | float | None = None, **ray_init_kwargs: Any):
+                 reclaim_leaks: str | float | None = None, dynamic_mig: str | Sequence[int] | None = None,
+                 **ray_init_kwargs: Any):
         import ray
         from ray.cluster_utils import Cluster
 
@@ -122,6 +126,10 @@ class SimulatedCluster:
         self.on_failed_gpu = failpolicy.failed_gpu_mode(on_failed_gpu)
         self.reclaim_leaks = leakpolicy.reclaim_after(reclaim_leaks)
         self._given = [given(t, dict(env or {})) for t in topos]  # a bad preset fails before anything starts
+        for i, (t, _) in enumerate(self._given):
+            if i not in set(plain):
+                dynamic_gpus(dynamic_mig, t)  # on every rayaccel node, before anything starts
+        self.dynamic_mig = dynamic_mig
         self._records: dict[str, NodeRecord] = {}
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -179,7 +187,7 @@ class SimulatedCluster:
         args, record, d = managed_node_args(topo, {**base, "env_vars": self.env}, nic_env=self.nic_env or None,
                                             zero_gpu_tasks=self.zero_gpu_tasks, on_failed_gpu=self.on_failed_gpu,
                                             reclaim_leaks=self.reclaim_leaks,
-                                            preset_env=self.env)
+                                            preset_env=self.env, dynamic_mig=self.dynamic_mig)
         args["labels"].update(labels or {})  # a simulation's place labels may be rayaccel.io/ ones (net levels)
         self._records[record.node_key] = record
         return args, record.node_key, d
@@ -287,7 +295,8 @@ class SimulatedCluster:
 def managed_node_args(topology: NodeTopology | str, node_args: dict[str, Any] | None = None, *,
                       simulated: bool = True, nic_env: str | Sequence[str] | None = None,
                       zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None,
-                      reclaim_leaks: str | float | None = None, preset_env: dict[str, str] | None = None) -> tuple[dict[str, Any], NodeRecord, Path]:
+                      reclaim_leaks: str | float | None = None, preset_env: dict[str, str] | None = None,
+                      dynamic_mig: str | Sequence[int] | None = None) -> tuple[dict[str, Any], NodeRecord, Path]:
     """The keyword arguments that make ``ray.cluster_utils.Cluster.add_node`` start a rayaccel node.
 
     ``node_args`` are what a caller would give ``Cluster.add_node`` for a plain node (``num_cpus``,
@@ -317,13 +326,14 @@ def managed_node_args(topology: NodeTopology | str, node_args: dict[str, Any] | 
     policy = failpolicy.failed_gpu_mode(on_failed_gpu)
     after = leakpolicy.reclaim_after(reclaim_leaks)
     topo, preset = given(topo, {**os.environ, **env} if preset_env is None else preset_env, num_gpus=args.pop("num_gpus", None), resources=user_res)
-    num_gpus, res = node_resources(topo)
+    dyn = dynamic_gpus(dynamic_mig, topo)
+    num_gpus, res = node_resources(topo, dyn)
     res = with_caller_resources(res, user_res)
-    record, d = prepare(topo, simulated=simulated, preset=preset)
+    record, d = prepare(topo, simulated=simulated, preset=preset, dynamic_mig=dyn)
     failpolicy.write(d, policy)
     leakpolicy.write(d, after)
     env.update(node_env(topo, record.node_key, d, base={**os.environ, **env}, nic_env=nic or None,
-                        zero_gpu_tasks=zero))
+                        zero_gpu_tasks=zero, dynamic_mig=dyn))
     args.update(num_gpus=num_gpus, resources=res, env_vars=env,
                 labels={**node_labels(topo, record.node_key, simulated=simulated), **(user_labels or {})})
     return args, record, d

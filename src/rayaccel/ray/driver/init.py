@@ -17,6 +17,7 @@ from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.driver import view
 from rayaccel.ray.node import agent, leakpolicy, nodedir
+from rayaccel.ray.node.dynmig import dynamic_gpus
 from rayaccel.ray.node.preset import given
 from rayaccel.ray.node.start import environ, node_env, node_topology, prepare, zero_gpu_mode
 from rayaccel.ray.record import node_labels, node_resources
@@ -24,7 +25,8 @@ from rayaccel.ray.record import node_labels, node_resources
 
 def init(address: str | None = None, topology: NodeTopology | str | None = None, *,
          nic_env: str | Sequence[str] | None = None, zero_gpu_tasks: str | None = None,
-         reclaim_leaks: str | float | None = None, **ray_init_kwargs: Any) -> Any:
+         reclaim_leaks: str | float | None = None, dynamic_mig: str | Sequence[int] | None = None,
+         **ray_init_kwargs: Any) -> Any:
     """Connect to a Ray cluster, or start an embedded one-node cluster whose node rayaccel manages.
 
     Args:
@@ -39,6 +41,9 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
         reclaim_leaks: for the embedded cluster: end leaked device processes of the node's workers once a leak
             has lasted this long (``"30s"``, ``"5m"``; default: never, only ``rayaccel reclaim``), as
             ``rayaccel start --reclaim-leaks`` (:mod:`rayaccel.ray.node.leakpolicy`).
+        dynamic_mig: for the embedded cluster: GPUs in MIG mode (``"0,1"``, ``"all"``) whose instances the node's
+            agent makes for waiting ``mig_<profile>`` work, as ``rayaccel start --dynamic-mig``
+            (:mod:`rayaccel.ray.node.dynmig`).
         ray_init_kwargs: passed to ``ray.init`` (``num_cpus``, ``namespace`` ...). ``num_gpus`` smaller
             than the host's count gives the node the first ``num_gpus`` devices (or of the preset), as Ray does.
             For an embedded cluster, ``resources=`` and ``labels=`` join what rayaccel advertises (the caller's
@@ -73,6 +78,9 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
         if reclaim_leaks is not None:
             raise ClusterError("reclaim_leaks= only applies to an embedded cluster (address=None); nodes of an "
                                "existing cluster take it from `rayaccel start --reclaim-leaks`")
+        if dynamic_mig is not None:
+            raise ClusterError("dynamic_mig= only applies to an embedded cluster (address=None); nodes of an "
+                               "existing cluster take it from `rayaccel start --dynamic-mig`")
         if topology is not None:
             raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
                                "existing cluster publish their own topology via `rayaccel start`")
@@ -83,13 +91,15 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     leakpolicy.reclaim_after(reclaim_leaks)
     topo, simulated = node_topology(topology)
     topo, preset = given(topo, os.environ, num_gpus=ray_init_kwargs.pop("num_gpus", None), resources=user_res)
-    num_gpus, res = node_resources(topo)
+    dyn = dynamic_gpus(dynamic_mig, topo)
+    num_gpus, res = node_resources(topo, dyn)
     res = with_caller_resources(res, user_res)
-    record, directory = prepare(topo, simulated, preset=preset)
+    record, directory = prepare(topo, simulated, preset=preset, dynamic_mig=dyn)
     leakpolicy.write(directory, reclaim_leaks)
     ray_init_kwargs.setdefault("include_dashboard", False)
     labels = {**node_labels(topo, record.node_key, simulated=simulated), **(user_labels or {})}
-    with environ(node_env(topo, record.node_key, directory, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks)):
+    with environ(node_env(topo, record.node_key, directory, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks,
+                          dynamic_mig=dyn)):
         # address="local": always a new embedded cluster, never one found in RAY_ADDRESS or /tmp/ray
         ctx = ray.init(address="local", num_gpus=num_gpus, resources=res, labels=labels, **ray_init_kwargs)
     try:

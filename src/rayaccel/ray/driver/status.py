@@ -38,7 +38,11 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
     ``leaks`` (leaked device processes, :mod:`rayaccel.ray.node.leaks`: ``device``, ``pid``, ``command``, ``holder``
     (the holder it came from), ``since`` / ``age_s``, ``ours`` (``rayaccel reclaim`` may end it) / ``why`` not,
     ``evidence``, ``used_bytes``, ``fenced``; None when the node has no leak watcher), ``leak_events`` (the
-    watcher's fences, lifts and reclaims), ``reclaim_leaks_after_s`` (None: never by itself).
+    watcher's fences, lifts and reclaims), ``reclaim_leaks_after_s`` (None: never by itself), ``dynamic_mig``
+    (None on a node without ``--dynamic-mig``; else ``gpus``, ``instances`` (unit -> MIG UUID), ``held`` (units
+    without an instance Ray's ledger holds, per resource), ``demand``, ``events`` (each create / destroy: ``at``,
+    ``action``, ``gpu``, ``profile``, ``start``, ``uuid``, ``why``, ``ok``, ``error``), ``error``:
+    :mod:`rayaccel.ray.node.dynmig`).
 
     Raises:
         ClusterError: not connected to Ray.
@@ -115,6 +119,7 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float, usage: lis
             "lock": lock, "labels": dict(n.labels), "usage": usage, "leaks": leaks,
             "leak_events": list((lw or {}).get("events", []))[-10:],
             "reclaim_leaks_after_s": (lw or {}).get("reclaim_after_s"),
+            "dynamic_mig": dict(snap.dynmig) if snap is not None and snap.dynmig else None,
             "resource": spec.resource if spec is not None else "GPU", "unit": spec.unit if spec is not None else "device"}
 
 

@@ -11,7 +11,8 @@ second (:data:`PERIOD_S`) it:
   holders (who holds what since when), drains, MIG instances held, and GPU slots
   Ray shows in use that no hooked worker holds (workers without rayaccel);
 * (see :mod:`.health`) watches device health and drains unhealthy devices;
-* (see :mod:`.leaks`) finds leaked device processes, fences their devices and reclaims them.
+* (see :mod:`.leaks`) finds leaked device processes, fences their devices and reclaims them;
+* (see :mod:`.dynmig`) makes the MIG instances Ray's waiting work asks for on ``--dynamic-mig`` GPUs.
 
 Drivers read the snapshots to choose nodes; ``rayaccel status`` asks the agents.
 """
@@ -83,6 +84,7 @@ class NodeAgent:
         self.usage_rows: list = []  # per-holder usage (.usage.UsageWatch), refreshed every period
         self.nvml_procs: list = []  # NVML's per-process list of this period (.usage.UsageWatch), for the leak watcher
         self.leak_watch: Any = None  # the leak watcher (.leaks)
+        self.dynmig: Any = None  # dynamic MIG (.dynmig), on a node with --dynamic-mig GPUs
         self.raylet_pid: int | None = None  # the node's raylet (its processes are workers, never leaks)
 
     # ---------------------------------------------------------------- loop
@@ -147,7 +149,8 @@ class NodeAgent:
         snap = snap._replace(at=time.time(), node_key=self.node_key, decisions=tuple(self.recent[-32:]),
                              new_decisions=new_t, agent_errors=self.errors,
                              health=self.watcher.summary() if self.watcher is not None else {"error": self.health_error},
-                             lock=lock, leaks=self.leak_watch.summary() if self.leak_watch is not None else {})
+                             lock=lock, leaks=self.leak_watch.summary() if self.leak_watch is not None else {},
+                             dynmig=self.dynmig.summary() if self.dynmig is not None else {})
         snap = snap._replace(unhooked_slots=self._unhooked(snap))
         self.last = snap
         if publish:

@@ -180,7 +180,7 @@ def serve(a: argparse.Namespace) -> int:
 
     from rayaccel.contract import AGENT_NAMESPACE, AGENT_PREFIX, NAMESPACE
     from rayaccel.ray import _ray_private as rp
-    from rayaccel.ray.node import health, leaks, metrics, usage
+    from rayaccel.ray.node import dynmig, health, leaks, metrics, usage
     from rayaccel.ray.node.agent import NodeAgent
 
     from rayaccel._proc import start_time
@@ -200,6 +200,11 @@ def serve(a: argparse.Namespace) -> int:
     usage.attach(body)  # after the health watcher (a simulated node's FakeNVML), before the metrics that export it
     leaks.attach(body)  # after the usage watch (its NVML read), before the metrics
     metrics.attach(body)
+    try:  # holds the units without an instance before the agent answers (its start waits for that)
+        dynmig.attach(body)
+    except Exception:  # noqa: BLE001 - the agent's other duties go on; the log and status say why
+        body.errors += 1
+        log.exception("rayaccel agent %s: dynamic MIG could not start", a.node_key)
     body.start()
     rp.kv_put(AGENT_PREFIX + a.node_key, server.published(), NAMESPACE)
     stop = threading.Event()

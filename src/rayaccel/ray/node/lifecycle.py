@@ -32,6 +32,7 @@ from rayaccel.topology import NodeTopology
 from rayaccel.ray.node import nodedir
 from rayaccel.ray.node.preset import given
 from rayaccel.ray.node import failpolicy, leakpolicy
+from rayaccel.ray.node.dynmig import dynamic_gpus
 from rayaccel.ray.node.failpolicy import failed_gpu_mode
 from rayaccel.ray.node.start import nic_env_names, node_env, node_topology, prepare, zero_gpu_mode
 from rayaccel.ray.node.processes import _local, _my_ray_processes, _save_processes, _stop_new, local_nodes, stop_local
@@ -73,7 +74,8 @@ def _without(args: list[str], flag: str) -> list[str]:
 
 
 def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[str], *,
-                      simulated: bool, network: dict[str, str] | None = None) -> list[str]:
+                      simulated: bool, network: dict[str, str] | None = None,
+                      dynamic_mig: tuple[int, ...] = ()) -> list[str]:
     """The ``ray start`` command line for a node advertising ``topology`` (and ``network``'s level labels).
 
     Raises:
@@ -84,7 +86,7 @@ def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[
 
     args = list(ray_args)
     gpus = _flag_value(args, "--num-gpus")
-    num_gpus, res = node_resources(topology)
+    num_gpus, res = node_resources(topology, dynamic_mig)
     # KubeRay passes the pod's GPU count: accept it (every device, or the devices not in MIG mode)
     if gpus is not None and gpus not in (str(num_gpus), str(len(topology.devices))):
         raise ClusterError(f"--num-gpus={gpus}: this node has {len(topology.devices)} device(s), {num_gpus} of them "
@@ -167,7 +169,8 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
                *, publish: bool = True, timeout_s: float = 120.0, network_topology: str | None = None,
                instance_id: str | None = None, nic_env: str | Sequence[str] | None = None,
                zero_gpu_tasks: str | None = None, on_failed_gpu: str | None = None,
-               reclaim_leaks: str | float | None = None) -> Started:
+               reclaim_leaks: str | float | None = None,
+               dynamic_mig: str | Sequence[int] | None = None) -> Started:
     """Start this machine's rayaccel node (see module docstring).
 
     Args:
@@ -184,6 +187,8 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
             ``leave`` (default) or ``end-workers`` (:mod:`.failpolicy`).
         reclaim_leaks: end leaked device processes of the node's workers once a leak has lasted this long
             (``30s``, ``5m``; default: never, only ``rayaccel reclaim``; :mod:`.leakpolicy`).
+        dynamic_mig: GPUs (``"0,1"``, ``"all"``) in MIG mode whose instances the node's agent makes and destroys for
+            Ray's waiting ``mig_<profile>`` work (:mod:`.dynmig`), checked before anything starts.
 
     The node manages the devices it was given (:mod:`.preset`): a visible-devices variable set for it
     (``CUDA_VISIBLE_DEVICES=4,5,6``, UUIDs, empty = none) or ``--num-gpus`` smaller than the host's count;
@@ -206,18 +211,21 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
     topo, simulated = node_topology(topology, simulate_default=False)
     topo, preset = given(topo, os.environ, num_gpus=_flag_value(ray_args, "--num-gpus"),
                          resources=_json_object(_flag_value(ray_args, "--resources")))
-    record, directory = prepare(topo, simulated, preset=preset)
+    dyn = dynamic_gpus(dynamic_mig, topo)
+    record, directory = prepare(topo, simulated, preset=preset, dynamic_mig=dyn)
     failpolicy.write(directory, on_failed_gpu)
     leakpolicy.write(directory, reclaim_leaks)
     head = "--head" in ray_args
     try:
-        cmd = ray_start_command(topo, record.node_key, ray_args, simulated=simulated, network=network)
+        cmd = ray_start_command(topo, record.node_key, ray_args, simulated=simulated, network=network,
+                                dynamic_mig=dyn)
     except BaseException:
         nodedir.remove(directory)
         raise
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env.update(node_env(topo, record.node_key, directory, base=env, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks))
+    env.update(node_env(topo, record.node_key, directory, base=env, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks,
+                        dynamic_mig=dyn))
     if simulated and topology is not None and isinstance(topology, str):
         env["RAYACCEL_TOPOLOGY"] = topology
     before = _my_ray_processes()

@@ -98,7 +98,7 @@ def resolve_topology(spec: NodeTopology | str) -> NodeTopology:
 
 def node_env(topology: NodeTopology, node_key: str, directory: Path,
              base: dict[str, str] | None = None, nic_env: str | Sequence[str] | None = None,
-             zero_gpu_tasks: str | None = None) -> dict[str, str]:
+             zero_gpu_tasks: str | None = None, dynamic_mig: tuple[int, ...] = ()) -> dict[str, str]:
     """The environment variables a rayaccel node's raylet (and so every worker) must start with.
 
     * ``RAY_preload_python_modules`` gains :data:`HOOK_MODULE` (kept: what was there);
@@ -128,7 +128,7 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     nic_vars = nic_env_names(nic_env)
     if nic_vars:
         env[NIC_ENV_ENV] = ",".join(nic_vars)
-    num_gpus, res = node_resources(topology)
+    num_gpus, res = node_resources(topology, dynamic_mig)
     spec = node_spec(topology)
     unit = [spec.resource] if spec is not None and spec.resource != "GPU" else []
     migs = [r for r in res if r.startswith("mig_")]
@@ -197,25 +197,27 @@ def environ(updates: dict[str, str]) -> Iterator[None]:
 
 
 def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None,
-            preset: Preset | None = None) -> tuple[NodeRecord, Path]:
+            preset: Preset | None = None, dynamic_mig: tuple[int, ...] = ()) -> tuple[NodeRecord, Path]:
     """Make a node's key, directory, record and table (written there) before its raylet starts.
 
     The table (:mod:`rayaccel.arbiter.table`) is what the node's workers read at a grant;
     building it precomputes the placer's plain decisions for pools of up to 8 devices.
     ``preset``: the devices the node was given (:mod:`.preset`; ``topology`` is already restricted
     to them): the record names the host's devices too, the table the ids Ray hands out for each unit
-    (:func:`~.preset.table_ids`).
+    (:func:`~.preset.table_ids`). ``dynamic_mig``: GPUs the agent re-partitions (:mod:`.dynmig`; checked by
+    :func:`.dynmig.dynamic_gpus`): the record names them, the table lists every instance they could hold.
     """
 
     key = node_key or new_node_key()
     d = nodedir.node_dir(key)
     given = preset is not None and preset.restricted
     record = NodeRecord(key, topology, simulated, host=preset.host if given else None,
-                        given_by=preset.source if given else None)
+                        given_by=preset.source if given else None, dynamic_mig=tuple(dynamic_mig))
     spec = node_spec(topology)
     nodedir.write_record(d, record.to_json())
     nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated, table_spec(spec, preset),
-                                                               ray_ids=table_ids(topology, spec, preset))))
+                                                               ray_ids=table_ids(topology, spec, preset),
+                                                               dynamic_mig=tuple(dynamic_mig))))
     return record, d
 
 

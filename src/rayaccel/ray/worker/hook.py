@@ -202,7 +202,7 @@ def _ids_for(ns: _NodeSide, g: Grant | None, resource: str) -> list:
     them (a preset node: the preset's own text; MIG: UUIDs), or the family's unit ids (a preset's text)."""
     if g is None:
         return []
-    t = ns.table.resources
+    t = ns.arbiter.table.resources  # the arbiter's: a dynamic-MIG instance's UUID as of the grant
     if resource != GPU:
         named = t[resource].uuid_of if resource in t else {}
         return [named.get(u, u) for u in g.units.get(resource, ())]
