@@ -173,3 +173,14 @@ def test_network_levels_and_the_nvlink_domain_become_ray_start_labels():
     labels = dict(kv.split("=", 1) for kv in cmd[-1][len("--labels="):].split(","))
     assert labels["rayaccel.io/net-l1"] == levels["rayaccel.io/net-l1"]
     assert labels["ray.io/gpu-domain"].endswith(".1") and labels["rayaccel.io/nvlink-clique"] == "1"
+
+
+@pytest.mark.parametrize("topo,bad,why", [
+    ("dgx1-v100", "0", "GPU 0 is not in MIG mode"), ("a100-mig", "5", "this node has no GPU 5"),
+    ("a100-mig", "-1", "expected GPU indices"), ("a100-mig", "0,0", "named twice"),
+    ("dgx1-v100", "all", "no GPU of this node is in MIG mode"),
+], ids=["not-mig", "unknown", "negative", "twice", "all-none"])
+def test_start_checks_dynamic_mig_before_anything_starts(topo, bad, why):
+    r, _ = _cli("start", "--head", "--topology", topo, f"--dynamic-mig={bad}")
+    _one_error(r)
+    assert "dynamic-mig" in r.stderr and why in r.stderr
