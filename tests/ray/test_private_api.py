@@ -150,6 +150,25 @@ def test_state_and_kv_functions_exist():
     assert hasattr(InnerGcsClient, "internal_kv_multi_get") and PlacementGroupID
 
 
+def test_what_dynamic_mig_calls():
+    """Ray's pending demand (the autoscaler's v2 SDK) and a placement group pinned to a node (dynamic MIG)."""
+    from ray.autoscaler.v2 import schema, sdk
+    from ray.util import placement_group, placement_group_table
+    from ray.util.placement_group import PlacementGroup
+
+    assert list(inspect.signature(sdk.get_cluster_status).parameters)[:2] == ["gcs_address", "timeout"], moved(
+        "ray.autoscaler.v2.sdk.get_cluster_status", "rp.pending_demand passes gcs_address and timeout")
+    fields = {f for f in schema.ResourceDemandSummary.__dataclass_fields__}
+    assert "ray_task_actor_demand" in fields, moved("ResourceDemandSummary.ray_task_actor_demand", "pending_demand")
+    assert {"bundles_by_count"} <= set(schema.RayTaskActorDemand.__dataclass_fields__), moved(
+        "RayTaskActorDemand.bundles_by_count", "pending_demand")
+    params = inspect.signature(placement_group).parameters
+    assert "_soft_target_node_id" in params and "lifetime" in params, moved(
+        "placement_group(_soft_target_node_id=, lifetime=)", "rp.pinned_group on 2.48-2.49")
+    assert list(inspect.signature(PlacementGroup).parameters)[0] == "id" and callable(placement_group_table), moved(
+        "PlacementGroup(id)", "rp.group_handle adopts a previous agent's holds")
+
+
 # ------------------------------------------------------------------- Ray Direct Transport
 @needs(rp.TRANSPORT)
 def test_every_rdt_entry_point_calls_the_wrapped_registration_first():
