@@ -269,7 +269,7 @@ def test_metrics_export_the_same_states_as_status(monkeypatch):
 
     class Agent:
         node_key = KEY
-        record = type("R", (), {"topology": topo})()
+        record = type("R", (), {"topology": topo, "dynamic_mig": ()})()
         last = Snapshot(at=1.0, free=(0, 1, 2, 3, 4, 5))
 
     metrics.Exporter(Agent())(Agent())

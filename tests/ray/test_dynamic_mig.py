@@ -66,7 +66,9 @@ def test_three_1g_actors_run_at_once_on_three_distinct_instances(a100):
         assert all(ids == [cvd] for cvd, ids in got), got
         new = set(cvds) - before
         assert len(new) == 1, (cvds, before)  # the two that existed, and one made for the third actor
-        dm = _node(a100)["dynamic_mig"]
+        row = _node(a100)
+        dm = row["dynamic_mig"]
+        assert row["devices"][0]["state"] == "mig" and len(row["devices"][0]["mig_held"]) == 3, row["devices"]
         creates = [e for e in dm["events"] if e["action"] == "create" and e["ok"]]
         assert [e["uuid"] for e in creates] == list(new), dm
         assert creates[0]["profile"] == "1g.5gb" and creates[0]["start"] in (2, 3), creates

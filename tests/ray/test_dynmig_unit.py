@@ -16,6 +16,7 @@ from rayaccel.arbiter.decide import GrantRequest
 from rayaccel.arbiter.state import Snapshot, decode_snapshot, encode_snapshot
 from rayaccel.arbiter.statefile import Arbiter
 from rayaccel.errors import ClusterError
+from rayaccel.placement.migunits import instance_unit
 from rayaccel.ray.node.dynmig import DynamicMig, dynamic_gpus, simulated_ops
 from rayaccel.ray.record import NodeRecord, node_resources
 
@@ -165,3 +166,57 @@ def test_the_snapshot_carries_the_steps(node):
     assert back.dynmig["events"][0]["action"] == "create" and back.dynmig["instances"] == node.live()
     with pytest.raises(Exception, match="dynmig"):
         decode_snapshot(encode_snapshot(snap._replace(dynmig={"events": "x"})), "test")
+
+
+# ------------------------------------------------------------------ property: any demand, any work
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+PROFILES = ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rounds=st.lists(st.tuples(st.dictionaries(st.sampled_from(PROFILES), st.integers(0, 4), max_size=3),
+                                 st.integers(0, 3)), min_size=1, max_size=5))
+def test_any_demand_keeps_nvml_placement_rules_the_ledger_and_work(tmp_path_factory, rounds):
+    """Whatever waits and whatever runs: instances sit at their profile's placements without overlapping (within
+    7 compute slices), what the arbiter may hand out is exactly what exists, Ray's holds are the units without an
+    instance, and an instance that has work is still there after every period."""
+    topo = catalog.load(A100)
+    d = tmp_path_factory.mktemp("dyn")
+    arb = Arbiter(d, build_table(topo, "abcdefabcdef", True, dynamic_mig=(0,)), alive=lambda pid: pid > 0)
+    dm = DynamicMig(topo, (0,), arb, simulated_ops(topo, str(d)), FakeHolds())
+    dm.setup()
+    pid = 0
+    next_slot: dict[str, int] = {}
+    steps = 0
+    for demand, take in rounds:
+        for _ in range(take):  # some work starts on whatever exists (Ray grants a free slot)
+            live = sorted(dm.live())
+            if not live:
+                break
+            r = "mig_" + live[pid % len(live)].split(":")[1].split("@")[0]
+            pid += 1
+            slot = next_slot.get(r, 0)  # Ray's next free slot of the resource (a slot without an instance waits)
+            next_slot[r] = slot + 1
+            arb.grant(GrantRequest(pid=pid, key=f"actor:{pid}", slots={r: ((slot, 1.0),)}))
+        st_ = arb.read()
+        working = dm.busy(st_)[0] & set(dm.live())
+        dm.holds.d = {f"mig_{p}": n for p, n in demand.items()}
+        dm._quiet_until = 0.0
+        steps += len(dm.tick())
+        parts = dm.ops.instances(0)
+        assert {instance_unit(p) for p in parts} == set(dm.live())  # NVML and the published list agree
+        spans = []
+        for p in parts:
+            prof = topo.device(0).profile(p.profile)
+            assert p.start in prof.placements
+            spans.append(set(range(p.start, p.start + prof.slots)))
+        assert all(not (a & b) for i, a in enumerate(spans) for b in spans[i + 1:]), parts
+        assert sum(int(p.profile.split("g.")[0]) for p in parts) <= 7
+        assert working <= set(dm.live()), "an instance with work was destroyed"
+        want = {r: n for r, n in dm.want_held().items() if n}
+        assert dm.holds.held() == want
+        for r, t in arb.table.resources.items():  # the arbiter's UUIDs are exactly the instances
+            if r.startswith("mig_"):
+                assert set(t.uuid_of) == {u for u in t.units if u in dm.live()}

@@ -74,7 +74,8 @@ def cluster_status(timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
 def _node_row(n: Any, snap: Snapshot | None, source: str, now: float, usage: list | None = None) -> dict:
     topo = n.topology
     pool = frozenset(gpu_pool(topo))
-    partitioned = frozenset(d.index for d in topo.devices if d.partitions)
+    # a dynamic-MIG GPU is partitioned even while it holds no instance (its instances are made for waiting work)
+    partitioned = frozenset(d.index for d in topo.devices if d.partitions) | frozenset(n.record.dynamic_mig)
     holders = [_holder_row(h) for h in (snap.holders if snap is not None else ())]
     by_dev: dict[int, list[str]] = {}
     for h in holders:
@@ -100,7 +101,7 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float, usage: lis
         drain = drained.get(d.index)
         devices.append({"index": d.index, "model": d.model, "memory_bytes": d.memory_bytes,
                         "state": device_state(d.index, snap, pool=pool, partitioned=partitioned),
-                        "share": shared.get(d.index), "mig_held": sorted(p.key for p in d.partitions if p.key in mig_held),
+                        "share": shared.get(d.index), "mig_held": sorted(k for k in mig_held if str(k).split(":")[0] == str(d.index)),
                         "holders": by_dev.get(d.index, []), "drain": drain._asdict() if drain is not None else None,
                         "health": worst.get(str(d.index)) or d.health})
     lock = snap.lock._asdict() if snap is not None and snap.lock is not None else None

@@ -108,7 +108,7 @@ class Exporter:
         node = self.agent.node_key
         topo = self.agent.record.topology
         pool = frozenset(gpu_pool(topo))
-        partitioned = frozenset(d.index for d in topo.devices if d.partitions)
+        partitioned = frozenset(d.index for d in topo.devices if d.partitions) | frozenset(self.agent.record.dynamic_mig)
         worst = (snap.health or {}).get("worst", {}) or {}
         leaks = [r for r in (snap.leaks or {}).get("rows", ()) if isinstance(r, dict)]
         holders: dict[int, list[str]] = {}
