@@ -223,6 +223,11 @@ def serve(a: argparse.Namespace) -> int:
             log.warning("rayaccel agent %s: node %s is gone; exiting", a.node_key, a.node_id[:12])
             break
     body.stop()
+    if body.dynmig is not None:  # the node is gone: its holds (detached placement groups) go with it
+        try:
+            body.dynmig.holds.release_all()
+        except Exception:  # noqa: BLE001 - best effort at exit (the GCS may be gone with the node)
+            log.warning("rayaccel agent %s: dynamic MIG holds not removed", a.node_key, exc_info=True)
     try:  # leave no stale address behind (unless a newer agent of the node has published its own)
         raw = rp.kv_get(AGENT_PREFIX + a.node_key, NAMESPACE)
         if raw and json.loads(raw).get("pid") == os.getpid():

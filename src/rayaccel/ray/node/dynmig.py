@@ -189,6 +189,10 @@ class RayHolds:
             out += 1
         return out
 
+    def release_all(self) -> int:
+        """Remove every hold (the agent's exit once its node is gone: they would wait for it forever)."""
+        return sum(self.release(r, len(g)) for r, g in list(self._groups.items()))
+
     def demand(self) -> dict[str, int]:
         import ray
 
