@@ -183,7 +183,8 @@ def test_the_hook_hands_out_the_presets_ids(monkeypatch):
     _, d = prepare(topo, simulated=True, preset=p)
     table = decode_table((d / TABLE_FILE).read_bytes())
     t = table.resources["neuron_cores"]
-    ns = SimpleNamespace(table=table, family_defaults={NRT: "rayaccel-unhooked-0"}, topology=topo)
+    ns = SimpleNamespace(table=table, family_defaults={NRT: "rayaccel-unhooked-0"}, topology=topo,
+                         arbiter=SimpleNamespace(table=table))  # ids are named by the arbiter's table (dynamic MIG)
     g = SimpleNamespace(units={"neuron_cores": (1, 2)})
     assert hook._ids_for(ns, g, "neuron_cores") == ["6", "7"]
     monkeypatch.setenv(NRT, "rayaccel-unhooked-0")
