@@ -16,6 +16,8 @@ import time
 import pytest
 from raytest_helpers import needs_feature, wait_idle
 
+pytestmark = pytest.mark.ray  # a module cluster: the Ray tier, not the unit tier
+
 RACKS = (0, 1, 0, 1)
 
 

@@ -12,6 +12,8 @@ import pytest
 from rayaccel import catalog
 from rayaccel.topology import near_nics
 
+pytestmark = pytest.mark.ray  # a module cluster: the Ray tier, not the unit tier
+
 
 
 @pytest.fixture(scope="module")
