@@ -35,7 +35,27 @@ def wait_for(pred, timeout_s=20.0, what="condition"):
 
 
 def wait_idle(cluster, timeout_s=30.0):
-    wait_for(lambda: all(idle(n.node_id) for n in cluster.nodes), timeout_s, "every GPU and MIG slot free")
+    try:
+        wait_for(lambda: all(idle(n.node_id) for n in cluster.nodes), timeout_s, "every GPU and MIG slot free")
+    except AssertionError as e:  # say who holds what: the nodes' holders, drains and leaks as rayaccel sees them
+        raise AssertionError(f"{e}; {_who_holds(cluster)}") from None
+
+
+def _who_holds(cluster) -> str:
+    try:
+        from rayaccel.ray.driver.status import cluster_status
+
+        keys = {n.node_key for n in cluster.nodes}
+        out = []
+        for n in cluster_status()["nodes"]:
+            if n.get("node_key") not in keys:
+                continue
+            busy = [{k: d.get(k) for k in ("index", "state", "holders", "drain") if d.get(k)}
+                    for d in n.get("devices", []) if d.get("state") not in (None, "free")]
+            out.append(f"{n['node_key']}: devices {busy} leaks {n.get('leaks')} events {n.get('leak_events')}")
+        return " | ".join(out)[:4000]
+    except Exception as e:  # noqa: BLE001 - the diagnosis must not hide the failure
+        return f"(status unreadable: {e})"
 
 
 def link(topo, devices):
