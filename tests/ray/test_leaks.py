@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from raytest_helpers import node_named, wait_for
@@ -88,10 +87,11 @@ def test_a_killed_actors_escaped_child_fences_its_device_and_reclaim_ends_it(clu
 
     assert not any(n["leaks"] for n in cluster_status()["nodes"]), "idle workers must never count as leaks"
     pid = None
+    actors: list = []
     try:
         pid, dev = _leak_one()
         assert _alive(pid), "the daemonised child outlives the actor"
-        row = wait_for(lambda: next((r for r in _node_row(NODE)["leaks"] or () if r["pid"] == pid), None), 20,
+        row = wait_for(lambda: next((r for r in _node_row(NODE)["leaks"] or () if r["pid"] == pid), None), 30,
                        "the leak in status")
         assert row["device"] == dev and row["ours"] and row["evidence"] == "marker"
         assert "Spawner" in row["holder"] and "time.sleep(600)" in row["command"] and row["age_s"] >= 0
@@ -99,13 +99,18 @@ def test_a_killed_actors_escaped_child_fences_its_device_and_reclaim_ends_it(clu
         drain = _node_row(NODE)["devices"][dev]["drain"]
         assert drain["by"] == "leak" and f"pid {pid}" in drain["reason"]
 
-        @ray.remote(num_gpus=1, label_selector={"rayaccel.io/topology": NODE})
-        def plain():
-            time.sleep(0.5)
-            return rayaccel.get_devices().indices[0]
+        @ray.remote(num_gpus=1, num_cpus=0, label_selector={"rayaccel.io/topology": NODE})
+        class Infer:
+            def device(self):
+                return rayaccel.get_devices().indices[0]
 
-        got = ray.get([plain.remote() for _ in range(7)], timeout=120)
-        assert dev not in got, "new work waits for, or lands beside, the fenced device; never on it"
+        actors = [Infer.remote() for _ in range(7)]
+        got = ray.get([a.device.remote() for a in actors], timeout=120)
+        assert sorted(got) == sorted(set(range(8)) - {dev}), f"seven actors get the seven other devices: {got}"
+        actors.append(Infer.remote())
+        eighth = actors[-1].device.remote()
+        ready, _ = ray.wait([eighth], timeout=3)
+        assert not ready, "an eighth waits while the device is fenced"
 
         bad = _cli(cluster, "reclaim", f"{node.node_key}:99")
         assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and "has no device 99" in bad.stderr
@@ -118,6 +123,10 @@ def test_a_killed_actors_escaped_child_fences_its_device_and_reclaim_ends_it(clu
         assert lines[0].startswith("cluster: ")
         assert f"ended pid {pid}" in r.stdout and "Spawner" in r.stdout and "leak fence is lifted" in r.stdout
         assert not _alive(pid)
+        assert ray.get(eighth, timeout=60) == dev, "the eighth gets the reclaimed device"
+        for a in actors:
+            ray.kill(a)
+        actors = []
         wait_for(lambda: _node_row(NODE)["devices"][dev]["state"] == "free", 10, "the fence lifted")
         st = _json(_cli(cluster, "status", "--json").stdout)
         n = next(x for x in st["nodes"] if x["name"] == NODE)
@@ -127,6 +136,8 @@ def test_a_killed_actors_escaped_child_fences_its_device_and_reclaim_ends_it(clu
         leak_rows = [r for r in doc["rows"] if r["name"] == "leaked processes" and r["node"] == node.node_key]
         assert leak_rows and leak_rows[0]["status"] == "ok"
     finally:
+        for a in actors:
+            ray.kill(a)
         _kill(pid)
 
 
