@@ -126,6 +126,25 @@ def test_a_leak_is_fenced_after_the_grace_reclaimed_and_the_fence_lifts(node):
     assert [e["action"] for e in w.summary()["events"]] == ["fenced", "reclaimed", "unfenced"]
 
 
+@pytest.mark.parametrize("worker_cg, raylet_known, learned", [
+    ("0::/", True, False),  # a host without cgroups: the root, where everything sits
+    ("0::/ray/worker-7", False, False),  # the raylet not found: its cgroup unknown, nothing told apart
+    ("0::/ray/raylet", True, False),  # the raylet's own
+    ("0::/ray/worker-7", True, True),  # a worker's own
+])
+def test_only_a_workers_own_cgroup_is_remembered(node, tmp_path, worker_cg, raylet_known, learned):
+    from rayaccel.ray.node.leakscan import Holder
+
+    root = tmp_path / "proc"
+    for pid, cg in ((7, worker_cg), (100, "0::/ray/raylet")):
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "cgroup").write_text(cg + "\n")
+    w = LeakWatch(node.agent, grace_s=0.0)
+    w.root = str(root)
+    w._cgroups({7: Holder(7, "actor:aa", frozenset({3}))}, 100 if raylet_known else None)
+    assert (worker_cg in w.worker_cgroups) is learned
+
+
 def test_an_operators_drain_replaces_a_fence_and_is_never_lifted_by_the_watcher(node):
     lk = node.leak(3)
     w = LeakWatch(node.agent, grace_s=0.0)

@@ -186,6 +186,23 @@ def test_a_process_in_a_gone_workers_own_cgroup_is_its_leak(proc):
                                                                                        True)
 
 
+def test_init_and_the_kernels_threads_in_a_workers_cgroup_are_never_leaks(proc):
+    """On a host without cgroups every process sits in the root one: kthreadd's children must never count."""
+    cg = "0::/ray/worker-200"
+    for pid, ppid, name in ((2, 0, "kthreadd"), (3, 2, "rcu_gp"), (40, 2, "kworker/0:1")):  # init: the fixture's
+        _proc(proc, pid, ppid, env={}, cmd=name, cgroup=cg)
+    (proc / "1" / "cgroup").write_text(cg + "\n")
+    procs = scan(str(proc), uid=UID, keys=leakscan.keys_for(None), cgroups=True)
+    assert find(procs, {}, node_dir=NODE, uid=UID, raylet_pid=RAYLET,
+                worker_cgroups={cg: (200, "actor:gg", frozenset({4}))}) == []
+
+
+@pytest.mark.parametrize("cg, root", [("0::/", True), ("", True), (None, True), ("1:name=systemd:/;0::/", True),
+                                      ("0::/ray/worker-200", False), ("1:cpu:/;0::/user.slice/a", False)])
+def test_a_root_cgroup_is_no_workers_own(cg, root):
+    assert leakscan.is_root_cgroup(cg) is root
+
+
 def test_the_raylet_is_found_from_the_holders_when_not_given(proc):
     _proc(proc, 200, RAYLET, env=_node_env(), cmd="ray::A")
     _proc(proc, 201, RAYLET, env=_node_env(CUDA_VISIBLE_DEVICES="3"), cmd="ray::IDLE")  # runtime_env's value

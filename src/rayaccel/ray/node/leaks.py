@@ -37,7 +37,8 @@ from typing import Any, Callable
 from rayaccel.arbiter.state import held_devices
 from rayaccel.contract import LEAK_DRAIN_BY
 from rayaccel.ray.node import leakpolicy
-from rayaccel.ray.node.leakscan import Holder, Leak, cgroup_of, cmdline_of, find, keys_for, scan, visible_ids
+from rayaccel.ray.node.leakscan import (Holder, Leak, cgroup_of, cmdline_of, find, is_root_cgroup, keys_for, scan,
+                                        visible_ids)
 
 log = logging.getLogger(__name__)
 #: A leak must be seen this long before it counts (is shown, fenced), seconds.
@@ -148,21 +149,26 @@ class LeakWatch:
         return None
 
     def _cgroups(self, holders: dict[int, Holder], raylet: int | None) -> None:
-        """Remember the cgroup of each holder that has one of its own (not its raylet's, not another holder's)."""
+        """Remember the cgroup of each holder that has one of its own: not its raylet's, not the agent's, not the root
+        (where every process of a host without cgroups sits), not another holder's. Nothing is learned while the raylet
+        is not found: without its cgroup, a worker's cannot be told apart from the one everything shares."""
         for pid in list(self._cg_seen):
             if pid not in holders:
                 del self._cg_seen[pid]
         for pid in holders:
             if pid not in self._cg_seen:
                 self._cg_seen[pid] = cgroup_of(self.root, pid)
-        base = cgroup_of(self.root, raylet) if raylet else None
+        if not raylet:
+            return
+        base = cgroup_of(self.root, raylet)
+        mine = cgroup_of(self.root, os.getpid())
         counts: dict[str, int] = {}
         for cg in self._cg_seen.values():
             if cg:
                 counts[cg] = counts.get(cg, 0) + 1
         for pid, h in holders.items():
             cg = self._cg_seen.get(pid)
-            if cg and cg != base and counts[cg] == 1:
+            if cg and base and cg != base and cg != mine and not is_root_cgroup(cg) and counts[cg] == 1:
                 self.worker_cgroups[cg] = (pid, h.key, h.devices)
                 self.worker_cgroups.move_to_end(cg)
         while len(self.worker_cgroups) > 256:

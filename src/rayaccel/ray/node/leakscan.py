@@ -133,6 +133,16 @@ def environ_of(root: str, pid: int, keys: Iterable[str]) -> dict[str, str] | Non
     return out
 
 
+def _kernel_or_init(pr: Proc) -> bool:
+    """init, kthreadd and the kernel's threads (children of kthreadd): never a leak, whatever cgroup they sit in."""
+    return pr.pid in (1, 2) or pr.ppid in (0, 2)
+
+
+def is_root_cgroup(cgroup: str | None) -> bool:
+    """Whether every hierarchy of ``cgroup`` (``0::/``; several lines joined by ``;`` on cgroup v1) is the root."""
+    return not cgroup or all(line.rpartition(":")[2] in ("", "/") for line in cgroup.split(";"))
+
+
 def cgroup_of(root: str, pid: int) -> str | None:
     """``pid``'s cgroup lines joined (``0::/user.slice/...``), or None."""
     data = _read(f"{root}/{pid}/cgroup", 8192)
@@ -254,7 +264,7 @@ def find(procs: Mapping[int, Proc], holders: Mapping[int, Holder], *, node_dir: 
     if worker_cgroups:
         for pid, pr in procs.items():
             hit = worker_cgroups.get(pr.cgroup) if pr.cgroup else None
-            if hit is not None and pid not in never:
+            if hit is not None and pid not in never and not _kernel_or_init(pr):
                 for d in hit[2]:
                     found.setdefault((pid, d), ["cgroup", None])
     for np in nvml:
@@ -297,5 +307,5 @@ def keys_for(visible_var: str | None) -> tuple[str, ...]:
     return (NODE_DIR_ENV, DEVICES_ENV, HOLDER_ENV, NODE_VISIBLE_ENV, *((visible_var,) if visible_var else ()))
 
 
-__all__ = ["Holder", "Leak", "Proc", "cgroup_of", "cmdline_of", "environ_of", "find", "keys_for", "scan", "stat_of",
+__all__ = ["Holder", "Leak", "Proc", "cgroup_of", "cmdline_of", "environ_of", "find", "is_root_cgroup", "keys_for", "scan", "stat_of",
            "visible_ids"]
