@@ -82,6 +82,35 @@ def test_three_1g_actors_run_at_once_on_three_distinct_instances(a100):
             ray.kill(a)
 
 
+def test_a_placement_group_waiting_for_an_instance_gets_one_made(a100):
+    """A placement group's bundle asking for a ``mig_1g.5gb`` that no free instance serves is waiting work too."""
+    import ray
+    from ray.util import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    @ray.remote(num_cpus=0, resources={"mig_1g.5gb": 1})
+    class Infer:
+        def where(self):
+            return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    first = [Infer.remote() for _ in range(3)]  # every 1g.5gb instance the GPU has by now is taken
+    pg = None
+    try:
+        assert len(set(ray.get([a.where.remote() for a in first], timeout=90))) == 3
+        pg = placement_group([{"mig_1g.5gb": 1}])
+        assert pg.wait(60), "the group's bundle never got an instance"
+        inside = Infer.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
+        mine = ray.get(inside.where.remote(), timeout=60)
+        others = set(ray.get([a.where.remote() for a in first], timeout=30))
+        assert mine.startswith("MIG-") and mine not in others, (mine, others)
+        ray.kill(inside)
+    finally:
+        for a in first:
+            ray.kill(a)
+        if pg is not None:
+            remove_placement_group(pg)
+
+
 def test_a_gpu_list_naming_a_gpu_not_in_mig_mode_is_one_error_line(ray_env):
     from rayaccel.errors import ClusterError
     from rayaccel.ray.driver.cluster import managed_node_args

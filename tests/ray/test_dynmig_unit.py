@@ -129,6 +129,24 @@ def test_no_demand_no_steps(node):
 
 
 # ------------------------------------------------------------------ the option and what crosses processes
+
+def test_rays_demand_counts_tasks_actors_and_waiting_groups_never_the_holds(monkeypatch):
+    """What Ray's pending demand makes wait: task/actor shapes and waiting placement groups' bundles, in units;
+    a hold (this agent's or another node's, by name) never counts, nor a bundle without a MIG resource."""
+    from rayaccel.contract import DYNMIG_PREFIX
+    from rayaccel.ray import _ray_private as rp
+    from rayaccel.ray.node.dynmig import RayHolds
+
+    monkeypatch.setattr(rp, "group_nodes", lambda pg=None: {
+        "aa": {"name": f"{DYNMIG_PREFIX}othernode-mig_1g.5gb-1234", "state": "PENDING", "nodes": []},
+        "bb": {"name": "users-group", "state": "PENDING", "nodes": []}})
+    monkeypatch.setattr(rp, "pending_demand", lambda addr, timeout_s=5: [
+        ({"mig_1g.5gb": 1.0, "CPU": 1.0}, 2, None), ({"CPU": 4.0}, 5, None),
+        ({"mig_1g.5gb": 1.0}, 3, "aa"), ({"mig_2g.10gb": 1.0}, 2, "bb")])
+    h = RayHolds.__new__(RayHolds)
+    h.gcs_address = "127.0.0.1:1"
+    assert h.demand() == {"mig_1g.5gb": 2, "mig_2g.10gb": 2}
+
 @pytest.mark.parametrize("value,want", [
     (None, ()), ("", ()), ("off", ()), ("0", (0,)), ("all", (0,)), ([0], (0,)), (" 0 ", (0,)),
 ], ids=["none", "empty", "off", "index", "all", "list", "spaces"])

@@ -162,6 +162,9 @@ def test_what_dynamic_mig_calls():
     assert "ray_task_actor_demand" in fields, moved("ResourceDemandSummary.ray_task_actor_demand", "pending_demand")
     assert {"bundles_by_count"} <= set(schema.RayTaskActorDemand.__dataclass_fields__), moved(
         "RayTaskActorDemand.bundles_by_count", "pending_demand")
+    assert "placement_group_demand" in fields and {"bundles_by_count", "pg_id"} <= set(
+        schema.PlacementGroupResourceDemand.__dataclass_fields__), moved(
+        "ResourceDemandSummary.placement_group_demand / PlacementGroupResourceDemand.pg_id", "pending_demand")
     params = inspect.signature(placement_group).parameters
     assert "_soft_target_node_id" in params and "lifetime" in params, moved(
         "placement_group(_soft_target_node_id=, lifetime=)", "rp.pinned_group on 2.48-2.49")

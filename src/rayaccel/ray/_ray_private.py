@@ -696,8 +696,9 @@ def local_gcs_addresses() -> list[str]:
 
 
 # ------------------------------------------------------------------ dynamic MIG (rayaccel.ray.node.dynmig)
-def pending_demand(gcs_address: str, timeout_s: int = 5) -> list[tuple[dict[str, float], int]]:
-    """Ray's queued task and actor demands: ``[(bundle, count), ...]`` (what waits for resources now).
+def pending_demand(gcs_address: str, timeout_s: int = 5) -> list[tuple[dict[str, float], int, str | None]]:
+    """What waits for resources now: ``[(bundle, count, pg), ...]``: Ray's queued task and actor demands
+    (``pg`` None) and the bundles of placement groups not yet placed (``pg``: the group's hex id).
 
     The autoscaler's v2 SDK (``ray.autoscaler.v2.sdk.get_cluster_status``: the GCS's autoscaling state, which
     every raylet reports whichever autoscaler runs), present from 2.48 to 2.60. Where it is absent, Ray's
@@ -710,10 +711,13 @@ def pending_demand(gcs_address: str, timeout_s: int = 5) -> list[tuple[dict[str,
         _warn_once("pending_demand", "this Ray has no ray.autoscaler.v2.sdk: dynamic MIG sees no waiting work")
         return []
     cs = get_cluster_status(gcs_address, timeout=timeout_s)
-    out = []
+    out: list[tuple[dict[str, float], int, str | None]] = []
     for dem in cs.resource_demands.ray_task_actor_demand:
         for rc in dem.bundles_by_count:
-            out.append(({str(k): float(v) for k, v in rc.bundle.items()}, int(rc.count)))
+            out.append(({str(k): float(v) for k, v in rc.bundle.items()}, int(rc.count), None))
+    for dem in getattr(cs.resource_demands, "placement_group_demand", ()):
+        for rc in dem.bundles_by_count:
+            out.append(({str(k): float(v) for k, v in rc.bundle.items()}, int(rc.count), dem.pg_id or ""))
     return out
 
 

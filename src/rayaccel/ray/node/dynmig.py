@@ -9,8 +9,9 @@ honest about which of them exist:
 * **held**: every unit without an instance is held in Ray's ledger by a detached one-bundle placement
   group pinned to the node (``rayaccel-mig-<node>-<profile>-<n>``; :class:`RayHolds`), so Ray's free
   count of ``mig_<profile>`` is the free existing instances';
-* **demand**: about once a second the agent reads Ray's queued task and actor demands
-  (:func:`rayaccel.ray._ray_private.pending_demand`) for this node's dynamic profiles;
+* **demand**: about once a second the agent reads Ray's queued task and actor demands and the bundles of
+  placement groups waiting to be placed (:func:`rayaccel.ray._ray_private.pending_demand`; never its own holds)
+  for this node's dynamic profiles;
 * **steps**: :func:`rayaccel.placement.dynmig.plan_steps` (the layout planner: least fragmentation) turns
   them into steps: reuse a free instance, else create one, destroying only *idle* instances that are in the
   way of another waiting profile -- never one with work (a live holder of its unit, or a grant Ray made that
@@ -199,8 +200,14 @@ class RayHolds:
         from rayaccel.ray import _ray_private as rp
 
         addr = self.gcs_address or ray.get_runtime_context().gcs_address
+        rows = [(b, n, pg) for b, n, pg in rp.pending_demand(addr)
+                if any(r.startswith(MIG_RESOURCE_PREFIX) and v > 0 for r, v in b.items())]
+        if any(pg is not None for _, _, pg in rows):  # never a hold's own group (this node's or another's)
+            names = {gid: row["name"] for gid, row in rp.group_nodes().items()}
+            rows = [(b, n, pg) for b, n, pg in rows
+                    if pg is None or not (names.get(pg) or "").startswith(DYNMIG_PREFIX)]
         out: dict[str, int] = {}
-        for bundle, count in rp.pending_demand(addr):
+        for bundle, count, _ in rows:
             for r, v in bundle.items():
                 if r.startswith(MIG_RESOURCE_PREFIX) and v > 0:
                     out[r] = out.get(r, 0) + int(round(v)) * count
