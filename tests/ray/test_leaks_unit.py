@@ -266,8 +266,13 @@ def test_status_and_top_show_the_leaks_table():
 
 
 def test_reclaim_leaks_is_checked_before_anything_starts():
+    import ray
+
     from rayaccel.ray.driver.cluster import SimulatedCluster
     from rayaccel.ray.driver.init import init
+
+    if ray.is_initialized():  # a Ray test module's connection (tests/ray run together): init refuses that first
+        ray.shutdown()
 
     with pytest.raises(ClusterError, match="reclaim_leaks= only applies to an embedded cluster"):
         init(address="127.0.0.1:1", reclaim_leaks="5m")
