@@ -65,17 +65,24 @@ def test_an_actors_usage_shows_in_status_top_and_the_metrics(cluster):
                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
         assert r.returncode == 0 and "actor UsageProbe 'usage-probe'" in r.stdout and "5.0 GiB" in r.stdout
 
-        url = f"http://127.0.0.1:{cluster.metrics_port}/metrics"
         want = ('actor_class="UsageProbe"', 'actor_name="usage-probe"', f'device="{dev}"', f'node="{dgx.node_key}"')
 
         def scraped():
-            try:
-                text = urllib.request.urlopen(url, timeout=5).read().decode()
-            except OSError:
-                return None
-            lines = [l for l in text.splitlines() if l.startswith(M.exported(M.HOLDER_MEMORY_USED_BYTES) + "{")
-                     and all(w in l for w in want)]
-            return lines if lines and float(lines[0].rsplit(" ", 1)[1]) == 5 * GiB else None
+            # the agent is a driver of the raylet ray.init picks on this one-host cluster (an arbitrary one on Ray
+            # 2.48): its metrics leave through that node's endpoint, so scrape every node's, as Prometheus does
+            for n in ray.nodes():
+                if not (n["Alive"] and n.get("MetricsExportPort")):
+                    continue
+                try:
+                    text = urllib.request.urlopen(f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics",
+                                                  timeout=5).read().decode()
+                except OSError:
+                    continue
+                lines = [l for l in text.splitlines() if l.startswith(M.exported(M.HOLDER_MEMORY_USED_BYTES) + "{")
+                         and all(w in l for w in want)]
+                if lines and float(lines[0].rsplit(" ", 1)[1]) == 5 * GiB:
+                    return lines
+            return None
 
         wait_for(scraped, 90, "the per-holder memory metric on Ray's Prometheus endpoint")
     finally:
