@@ -42,8 +42,15 @@ the trainer's own) and the new ones after the transfer. Ways: ``rayaccel``, Ray'
 store, ``nixl``, ``gloo`` (point to point, over a gloo group of the trainer and the
 rollouts); NCCL broadcast needs a GPU. The limit is ``memcpy`` of the model's bytes in
 this process, measured once per round in the same run; ``empty`` is the same round with
-an object of no tensors -- what Ray's calls cost whatever the transport (``rayaccel``).
-Ratios are medians over ``memcpy``'s median.
+an object of no tensors, and ``floor`` with 32 one-float tensors (both ``rayaccel``): Ray's
+calls whatever the transport. ``floor`` is the one to subtract: for a real RDT object Ray
+first runs ``__ray_recv__`` on each rollout and only then its task, which an empty object
+skips. Ratios are medians over ``memcpy``'s median.
+
+Where a ``rayaccel`` round's time goes beyond ``floor``: the trainer's one copy into its
+pooled segment (a background thread; consumers wait for its lock) and each rollout's reads
+of the pages; a rollout's mapping of the segment is kept from its last round
+(``rayaccel.ray.rdt.maps``), so no page tables are filled or torn down per round.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class Mappings:
     def __init__(self, keep: int = KEEP, idle_s: float = IDLE_S) -> None:
         self._keep = keep
         self._idle_s = idle_s
-        self._lock = threading.Lock()
+        # reentrant: a read's finalizer (_done) may run from a garbage collection inside a locked block
+        self._lock = threading.RLock()
         self._maps: dict[tuple[int, int], _Map] = {}
         self._timer: Optional[threading.Timer] = None
         self.reused = 0
@@ -133,7 +134,7 @@ class Mappings:
         with self._lock:
             idle = [m for m in self._maps.values() if not m.busy]
             for m in idle:
-                del self._maps[m.key]
+                self._maps.pop(m.key, None)
         for m in idle:
             _unmap(m)
 
@@ -163,11 +164,11 @@ class Mappings:
         """Unmap idle mappings of removed segments, unused ones, and the oldest beyond :data:`KEEP`."""
         now = time.monotonic()
         with self._lock:
-            idle = sorted((m for m in self._maps.values() if not m.busy), key=lambda m: m.used_at)
+            idle = sorted([m for m in list(self._maps.values()) if not m.busy], key=lambda m: m.used_at)
             out = [m for i, m in enumerate(idle)
                    if i < len(idle) - self._keep or now - m.used_at > self._idle_s or _unlinked(m)]
             for m in out:
-                del self._maps[m.key]
+                self._maps.pop(m.key, None)
         for m in out:
             _unmap(m)
 
