@@ -542,6 +542,23 @@ def test_two_live_reads_of_one_segment_never_share_pages():
         shm.unlink(packed)
 
 
+def test_without_pagemap_a_consumer_maps_each_read_as_before(monkeypatch):
+    from rayaccel.ray.rdt import maps
+
+    monkeypatch.setattr(maps, "_PAGEMAP", False)  # e.g. no /proc: a written page could not be found
+    t = torch.arange(8192, dtype=torch.int32)
+    packed, _ = shm.write([t])
+    monkeypatch.setattr(shm, "MAPPINGS", maps.Mappings())
+    try:
+        for _ in range(2):
+            a, = shm.read(packed, [(t.shape, t.dtype)], "x")
+            assert torch.equal(a, t)
+            del a
+        assert (shm.MAPPINGS.mapped, shm.MAPPINGS.reused, len(shm.MAPPINGS)) == (2, 0, 0)
+    finally:
+        shm.unlink(packed)
+
+
 def test_stale_metadata_of_a_refilled_segment_is_one_clear_error():
     from rayaccel.ray.rdt.pool import Pool
 

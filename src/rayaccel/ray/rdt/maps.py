@@ -101,6 +101,13 @@ class Mappings:
                 self._maps[key] = m  # reserved: filled in below
             else:
                 m = None  # a second reader of a busy one: a mapping of its own
+        if m is not None and not reuse:
+            try:  # a descriptor of its own (another open file description): the mapping must not hold the lock
+                m.fd = os.open(f"/proc/self/fd/{lock_fd}", os.O_RDONLY)
+            except OSError:  # no /proc here: this read maps on its own, as without a kept mapping
+                with self._lock:
+                    self._maps.pop(key, None)
+                m = None
         try:
             if m is None:
                 mm = mmap.mmap(lock_fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -108,8 +115,6 @@ class Mappings:
                 self.mapped += 1
                 return _owned(mm), mm, False
             if not reuse:
-                # a descriptor of its own (another open file description): the mapping must not hold the lock
-                m.fd = os.open(f"/proc/self/fd/{lock_fd}", os.O_RDONLY)
                 m.mm = mmap.mmap(m.fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 m.addr = _address(m.mm)
                 self.mapped += 1
