@@ -492,6 +492,73 @@ def test_a_consumer_keeping_last_rounds_weights_keeps_their_bytes():
         pool.close()
 
 
+def test_a_consumer_reads_a_refilled_segment_through_its_kept_mapping_and_its_writes_stay_its_own():
+    """Weight sync: the rollout's mapping of a refilled segment is kept (no page tables to fill again);
+    pages it wrote into are dropped when its tensors go, so the producer's next bytes show."""
+    from rayaccel.ray.rdt.maps import Mappings
+    from rayaccel.ray.rdt.pool import Pool
+
+    pool, ws, mine = Pool(), _weights(5), Mappings()
+    old, shm.MAPPINGS = shm.MAPPINGS, mine
+    try:
+        for step in range(4):
+            packed, _ = pool.write(ws)
+            got = shm.read(packed, _shapes(ws), f"round {step}")
+            assert all(torch.equal(a, b) for a, b in zip(ws, got))
+            for g in got:
+                g[::997] = -step - 1  # the rollout writes into its own weights: a copy-on-write page each
+            assert all(not torch.equal(a, b) for a, b in zip(ws, got))
+            del got, g  # its lock goes with its tensors; the mapping stays, idle
+            pool.release(packed)
+            for w in ws:
+                w.add_(step + 1)
+        st = pool.stats()
+        assert (st.made, st.refilled, st.busy) == (1, 3, 0)  # an idle kept mapping holds no lock
+        assert (mine.mapped, mine.reused, len(mine)) == (1, 3, 1)
+        pool.close()  # the producer removes its segment: the kept mapping of it goes at the next check
+        mine._evict()
+        assert len(mine) == 0
+    finally:
+        shm.MAPPINGS = old
+        pool.close()
+
+
+def test_two_live_reads_of_one_segment_never_share_pages():
+    from rayaccel.ray.rdt.maps import Mappings
+
+    t = torch.arange(8192, dtype=torch.int32)
+    packed, _ = shm.write([t])
+    old, shm.MAPPINGS = shm.MAPPINGS, Mappings()
+    try:
+        meta = [(t.shape, t.dtype)]
+        a, = shm.read(packed, meta, "x")
+        del a
+        a, = shm.read(packed, meta, "x")  # the kept mapping, reused
+        b, = shm.read(packed, meta, "x")  # a's still lives: one of its own
+        a[5000] = -1
+        assert b[5000] == 5000 and shm.MAPPINGS.reused == 1 and shm.MAPPINGS.mapped == 2
+    finally:
+        shm.MAPPINGS = old
+        shm.unlink(packed)
+
+
+def test_without_pagemap_a_consumer_maps_each_read_as_before(monkeypatch):
+    from rayaccel.ray.rdt import maps
+
+    monkeypatch.setattr(maps, "_PAGEMAP", False)  # e.g. no /proc: a written page could not be found
+    t = torch.arange(8192, dtype=torch.int32)
+    packed, _ = shm.write([t])
+    monkeypatch.setattr(shm, "MAPPINGS", maps.Mappings())
+    try:
+        for _ in range(2):
+            a, = shm.read(packed, [(t.shape, t.dtype)], "x")
+            assert torch.equal(a, t)
+            del a
+        assert (shm.MAPPINGS.mapped, shm.MAPPINGS.reused, len(shm.MAPPINGS)) == (2, 0, 0)
+    finally:
+        shm.unlink(packed)
+
+
 def test_stale_metadata_of_a_refilled_segment_is_one_clear_error():
     from rayaccel.ray.rdt.pool import Pool
 

@@ -25,7 +25,7 @@ Ray's own transports do. Ray sends a driver's registrations to every actor it
 creates with ``enable_tensor_transport=True``.
 
 Modules: :mod:`.transport` (the manager), :mod:`.shm` (segments), :mod:`.pool` (segments
-reused across a producer's objects), :mod:`.local`
+reused across a producer's objects), :mod:`.maps` (a consumer's mappings kept between objects), :mod:`.local`
 (what an end knows of itself), :mod:`.telemetry` (bytes and seconds per path).
 """
 

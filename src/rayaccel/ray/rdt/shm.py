@@ -7,10 +7,12 @@ consumer maps any more); every consumer on the node maps that file copy-on-write
 and a consumer that writes into its tensors changes only its own pages -- never the
 producer's nor another consumer's.
 
-Who maps a segment is known from file locks: a consumer holds a shared ``flock`` on the
-segment for as long as its tensors live (the lock rides on the descriptor the mapping
-keeps, so it ends when the last tensor is freed), and a producer refills a segment
-only under an exclusive one it could take (:func:`try_lock`). Each segment starts with a
+Who reads a segment is known from file locks: a consumer holds a shared ``flock`` on the
+segment for as long as its tensors live (on a descriptor of the read's own, closed when the
+last tensor is freed), and a producer refills a segment only under an exclusive one it could
+take (:func:`try_lock`). The consumer keeps its mapping after that, without the lock, for its
+next read of the same segment (:mod:`.maps`: a refilled segment is read through page tables
+already filled, the pages it wrote into dropped first). Each segment starts with a
 header (:data:`MAGIC`: the format and its version, then the object's generation), so a
 consumer that maps a segment refilled for a later object gets an error, never another
 object's bytes.
@@ -39,6 +41,7 @@ from typing import Any, Sequence
 from ..._proc import start_time, state
 from ...errors import TransportError
 from ...memory.owners import SHM_DIR, is_alive, segment_prefix, sweep
+from .maps import Mappings
 
 #: Each tensor starts on a multiple of this many bytes in a segment.
 ALIGN = 64
@@ -55,6 +58,8 @@ FAILED = (1 << 64) - 1
 FILL_WAIT_S = 120.0
 _SWEEP_EVERY_S = 60.0
 _last_sweep = 0.0
+#: This process's kept mappings of segments it read (:mod:`.maps`).
+MAPPINGS = Mappings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +236,8 @@ def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str, wait_s: flo
     """Map a segment copy-on-write and return its tensors (no copy).
 
     The tensors hold a shared lock on the segment while they live (the producer does not refill
-    it until they are freed), and their page tables are filled at once. A segment the producer
+    it until they are freed). A mapping this process kept from its last read of the segment is
+    reused (:data:`MAPPINGS`), else a new one's page tables are filled at once. A segment the producer
     is still filling (it holds the exclusive lock: :meth:`~.pool.Pool.write` in the background)
     is waited for, up to ``wait_s``.
 
@@ -259,12 +265,21 @@ def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str, wait_s: flo
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size < packed.nbytes:
             raise TransportError(f"{what}: {path} is not the producer's segment (owner uid {st.st_uid}, "
                                  f"{st.st_size} of {packed.nbytes} bytes)", what)
-        _lock_shared(fd, wait_s, path, what)  # held by the mapping's own descriptor from here
-        # private: a consumer's writes stay its own (copy-on-write), the producer's pages are shared
-        mm = mmap.mmap(fd, packed.nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
+        _lock_shared(fd, wait_s, path, what)  # held on fd until the tensors are freed (maps.Mappings)
+        _check_header(os.pread(fd, HEADER_BYTES, 0), packed, path, what)
+    except BaseException:
         os.close(fd)
-    head = bytes(mm[:HEADER_BYTES])
+        raise
+    # private: a consumer's writes stay its own (copy-on-write), the producer's pages are shared;
+    # kept from this consumer's last read of the segment when it can be (no page tables to fill again)
+    buf, mm, kept = MAPPINGS.map(fd, st, packed.nbytes)
+    if not kept:  # a kept one has its pages in already (asking again walks them all: ~2 ms per 64 MiB)
+        populate(mm, MADV_POPULATE_READ)
+    return [_view(buf, off, n, dtype, tuple(shape))
+            for (shape, dtype), off, n in zip(meta, packed.offsets, packed.sizes)]
+
+
+def _check_header(head: bytes, packed: Packed, path: Any, what: str) -> None:
     if head[:len(MAGIC)] != MAGIC:
         raise TransportError(f"{what}: {path} holds format {head[:len(MAGIC)]!r}, not {MAGIC!r} (a producer of "
                              "another rayaccel release?)", what)
@@ -278,9 +293,6 @@ def read(packed: Packed, meta: Sequence[tuple[Any, Any]], what: str, wait_s: flo
     if packed.generation and gen != packed.generation:
         raise TransportError(f"{what}: its shared-memory segment {path} was refilled for a later object "
                              f"(generation {gen}, not {packed.generation}): this one was freed", what)
-    populate(mm, MADV_POPULATE_READ)
-    return [_view(mm, off, n, dtype, tuple(shape))
-            for (shape, dtype), off, n in zip(meta, packed.offsets, packed.sizes)]
 
 
 def _lock_shared(fd: int, wait_s: float, path: Any, what: str) -> None:
@@ -295,8 +307,8 @@ def _lock_shared(fd: int, wait_s: float, path: Any, what: str) -> None:
             if time.monotonic() > deadline:
                 raise TransportError(f"{what}: its shared-memory segment {path} was still being filled after "
                                      f"{wait_s:.0f} s", what) from None
-            time.sleep(pause)  # a fill is a copy: milliseconds; back off to 2 ms
-            pause = min(pause * 2, 2e-3)
+            time.sleep(pause)  # a fill is a copy: milliseconds; back off to 0.5 ms (a waiting reader wakes
+            pause = min(pause * 2, 5e-4)  # at most that long after the fill: ~20 wakeups per 10 ms copy
 
 
 def unlink(packed: Packed) -> None:
