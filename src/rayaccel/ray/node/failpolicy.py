@@ -18,13 +18,12 @@ agent keeps it). Operator drains keep their own ``--kill`` flag.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 
-from rayaccel.contract import FAILED_GPU_FILE, FAILED_GPU_MODES, FAILED_GPU_SCHEMA, load_json
+from rayaccel.contract import FAILED_GPU_FILE, FAILED_GPU_MODES, FAILED_GPU_SCHEMA
 from rayaccel.errors import ClusterError
+from rayaccel.ray.node import nodedir
 
 log = logging.getLogger(__name__)
 DEFAULT = "leave"
@@ -52,29 +51,20 @@ def write(directory: str | Path, mode: str | None) -> str:
         ClusterError: a bad mode (nothing is written).
     """
     mode = failed_gpu_mode(mode)
-    path = Path(directory) / FAILED_GPU_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"schema": FAILED_GPU_SCHEMA, "on_failed_gpu": mode}))
-    os.replace(tmp, path)
+    nodedir.write_policy(directory, FAILED_GPU_FILE, FAILED_GPU_SCHEMA, {"on_failed_gpu": mode})
     return mode
 
 
 def read(directory: str | Path) -> str:
     """The node's policy; ``leave`` when none was recorded, or (with one warning) when the file is unreadable."""
-    path = Path(directory) / FAILED_GPU_FILE
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return DEFAULT
-    except OSError as e:
-        log.warning("rayaccel: %s unreadable (%s); on-failed-gpu=%s", path, e, DEFAULT)
+    fallback = f"on-failed-gpu={DEFAULT}"
+    data = nodedir.read_policy(directory, FAILED_GPU_FILE, FAILED_GPU_SCHEMA, "rayaccel failed-GPU policy", fallback)
+    if data is None:
         return DEFAULT
     try:
-        data = load_json(raw, what="rayaccel failed-GPU policy", max_bytes=4096, error=lambda m, w: ClusterError(f"{w}: {m}"),
-                         where=str(path), schema=FAILED_GPU_SCHEMA)
         return failed_gpu_mode(data.get("on_failed_gpu"))
     except ClusterError as e:
-        log.warning("rayaccel: %s; on-failed-gpu=%s", e, DEFAULT)
+        log.warning("rayaccel: %s/%s: %s; %s", directory, FAILED_GPU_FILE, e, fallback)
         return DEFAULT
 
 

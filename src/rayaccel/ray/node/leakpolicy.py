@@ -11,14 +11,13 @@ Written once at node start into the node directory (:data:`~rayaccel.contract.RE
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from pathlib import Path
 
-from rayaccel.contract import RECLAIM_LEAKS_FILE, RECLAIM_LEAKS_SCHEMA, load_json
+from rayaccel.contract import RECLAIM_LEAKS_FILE, RECLAIM_LEAKS_SCHEMA
 from rayaccel.errors import ClusterError
+from rayaccel.ray.node import nodedir
 
 log = logging.getLogger(__name__)
 #: The longest ``AFTER`` accepted, seconds (a week).
@@ -57,29 +56,21 @@ def write(directory: str | Path, value: str | float | None) -> float | None:
         ClusterError: a bad value (nothing is written).
     """
     after = reclaim_after(value)
-    path = Path(directory) / RECLAIM_LEAKS_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"schema": RECLAIM_LEAKS_SCHEMA, "after_s": after}))
-    os.replace(tmp, path)
+    nodedir.write_policy(directory, RECLAIM_LEAKS_FILE, RECLAIM_LEAKS_SCHEMA, {"after_s": after})
     return after
 
 
 def read(directory: str | Path) -> float | None:
     """The node's policy: seconds, or None (never; also, with one warning, when the file is unreadable)."""
-    path = Path(directory) / RECLAIM_LEAKS_FILE
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        log.warning("rayaccel: %s unreadable (%s); leaks are not reclaimed by the agent", path, e)
+    never = "leaks are not reclaimed by the agent"
+    data = nodedir.read_policy(directory, RECLAIM_LEAKS_FILE, RECLAIM_LEAKS_SCHEMA, "rayaccel reclaim-leaks policy",
+                               never)
+    if data is None:
         return None
     try:
-        data = load_json(raw, what="rayaccel reclaim-leaks policy", max_bytes=4096,
-                         error=lambda m, w: ClusterError(f"{w}: {m}"), where=str(path), schema=RECLAIM_LEAKS_SCHEMA)
         return reclaim_after(data.get("after_s"))
     except ClusterError as e:
-        log.warning("rayaccel: %s; leaks are not reclaimed by the agent", e)
+        log.warning("rayaccel: %s/%s: %s; %s", directory, RECLAIM_LEAKS_FILE, e, never)
         return None
 
 

@@ -9,13 +9,17 @@ by others -- so another local user cannot redirect or replace a node's state.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from rayaccel.errors import ClusterError, StoreError
-from rayaccel.contract import RECORD_FILE as RECORD, valid_key
+from rayaccel.contract import RECORD_FILE as RECORD, load_json, valid_key
+
+log = logging.getLogger(__name__)
 
 STATE_DIR_ENV = "RAYACCEL_STATE_DIR"
 
@@ -72,6 +76,30 @@ def write_file(directory: Path, name: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, directory / name)
+
+
+def write_policy(directory: str | Path, name: str, schema: str, fields: dict) -> None:
+    """Record one of the node's policies (``{"schema": schema, **fields}``) as ``name``, atomically (write_file)."""
+    write_file(Path(directory), name, json.dumps({"schema": schema, **fields}).encode())
+
+
+def read_policy(directory: str | Path, name: str, schema: str, what: str, fallback: str) -> dict | None:
+    """A policy :func:`write_policy` recorded: its fields, or None when none was recorded -- and, with one warning
+    naming the file, why and what holds instead (``fallback``), when it is unreadable or not that schema."""
+    path = Path(directory) / name
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("rayaccel: %s unreadable (%s); %s", path, e, fallback)
+        return None
+    try:
+        return load_json(raw, what=what, max_bytes=4096, error=lambda m, w: ClusterError(f"{w}: {m}"),
+                         where=str(path), schema=schema)
+    except ClusterError as e:
+        log.warning("rayaccel: %s; %s", e, fallback)
+        return None
 
 
 def remove(directory: Path) -> None:
