@@ -69,21 +69,15 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     if not (address or "").startswith("ray://"):  # Ray Client takes its own extra keywords
         _check_init_kwargs(ray_init_kwargs)
     if address is not None:
-        if zero_gpu_tasks is not None:
-            raise ClusterError("zero_gpu_tasks= only applies to an embedded cluster (address=None); nodes of an "
-                               "existing cluster take it from `rayaccel start --zero-gpu-tasks`")
-        if nic_env is not None:
-            raise ClusterError("nic_env= only applies to an embedded cluster (address=None); nodes of an existing "
-                               "cluster take it from `rayaccel start --nic-env`")
-        if reclaim_leaks is not None:
-            raise ClusterError("reclaim_leaks= only applies to an embedded cluster (address=None); nodes of an "
-                               "existing cluster take it from `rayaccel start --reclaim-leaks`")
-        if dynamic_mig is not None:
-            raise ClusterError("dynamic_mig= only applies to an embedded cluster (address=None); nodes of an "
-                               "existing cluster take it from `rayaccel start --dynamic-mig`")
-        if topology is not None:
-            raise ClusterError("topology= only applies to an embedded cluster (address=None); nodes of an "
-                               "existing cluster publish their own topology via `rayaccel start`")
+        node_only = {"zero_gpu_tasks": (zero_gpu_tasks, "take it from `rayaccel start --zero-gpu-tasks`"),
+                     "nic_env": (nic_env, "take it from `rayaccel start --nic-env`"),
+                     "reclaim_leaks": (reclaim_leaks, "take it from `rayaccel start --reclaim-leaks`"),
+                     "dynamic_mig": (dynamic_mig, "take it from `rayaccel start --dynamic-mig`"),
+                     "topology": (topology, "publish their own topology via `rayaccel start`")}
+        for name, (value, there) in node_only.items():
+            if value is not None:
+                raise ClusterError(f"{name}= only applies to an embedded cluster (address=None); nodes of an "
+                                   f"existing cluster {there}")
         return ray.init(address=address, **ray_init_kwargs)
     user_res, user_labels = ray_init_kwargs.pop("resources", None), ray_init_kwargs.pop("labels", None)
     check_caller_args(user_res, user_labels)  # before anything is made
