@@ -163,17 +163,17 @@ class RayHolds:
         made = [rp.pinned_group([{resource: 1.0}], self.node_id, {NODE_KEY_LABEL: self.node_key},
                                 f"{self.prefix}{resource}-{_uuid.uuid4().hex[:8]}") for _ in range(n)]
         deadline = time.monotonic() + HOLD_TIMEOUT_S
-        ok = 0
+        placed = []
         for pg in made:
-            placed = False
             try:
-                placed = pg.wait(max(0.1, deadline - time.monotonic()))
+                placed.append(pg.wait(max(0.1, deadline - time.monotonic())))
             except Exception as e:  # noqa: BLE001 - a group that cannot be placed is removed below
                 log.warning("rayaccel dynamic MIG: holding %s: %s", resource, e)
-            if placed:
-                nodes = rp.group_nodes().get(pg.id.hex(), {}).get("nodes", [])
-                placed = nodes == [self.node_id]
-            if placed:
+                placed.append(False)
+        where = rp.group_nodes() if any(placed) else {}  # one read of the GCS's table for every group placed
+        ok = 0
+        for pg, was in zip(made, placed):
+            if was and where.get(pg.id.hex(), {}).get("nodes", []) == [self.node_id]:
                 self._groups.setdefault(resource, []).append(pg)
                 ok += 1
             else:
