@@ -113,14 +113,21 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, quiet: bool = Tr
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)
         os.close(devnull)
+    t = threading.Thread(target=run, daemon=True, name="rayaccel-connect")
     try:
-        t = threading.Thread(target=run, daemon=True, name="rayaccel-connect")
         t.start()
         t.join(timeout_s)
     finally:
         if saved_fd is not None:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
+            if t.is_alive():
+                # Ray's C++ threads go on retrying (and logging to fd 2) after we give up: fd 2 stays on
+                # /dev/null, and Python's own stderr moves to the real one, so our error is the one line.
+                import sys
+
+                sys.stderr = os.fdopen(saved_fd, "w", buffering=1, encoding="utf-8", errors="replace")
+            else:
+                os.dup2(saved_fd, 2)
+                os.close(saved_fd)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, old)
     if t.is_alive():
