@@ -199,3 +199,66 @@ def test_preset_describes_itself(nvml_host):
     _, p = given(nvml_host, {CVD: "4,5"})
     assert p.describe() == "host devices [0,1,2,3,4,5,6,7]; this node manages [4,5] (from CUDA_VISIBLE_DEVICES=4,5)"
     assert Preset(None, (0, 1), (0, 1)).describe().endswith("manages all of them")
+
+
+# ------------------------------------------------------- MIG UUIDs: the instances are the node's GPUs
+def _mig_host():
+    t = catalog.load("a100-mig")
+    parts = [p for p in t.partitions() if p.uuid]
+    if len(parts) < 3:
+        pytest.fail("a100-mig lists fewer than three MIG UUIDs")
+    return t, parts
+
+
+def test_mig_uuids_advertise_gpus_as_plain_ray_does(tmp_path, monkeypatch):
+    """Plain Ray: ``CUDA_VISIBLE_DEVICES=MIG-a,MIG-b`` is ``GPU: 2`` and a task gets ``['MIG-a']``. A rayaccel node
+    advertises the same (no ``mig_<profile>`` for those instances: they are the GPUs) and maps slots to them."""
+    monkeypatch.setenv("RAYACCEL_STATE_DIR", str(tmp_path))
+    tmp_path.chmod(0o700)
+    from rayaccel.arbiter.table import decode_table
+    from rayaccel.contract import TABLE_FILE
+
+    t, parts = _mig_host()
+    a, b = parts[:2]
+    assert a.gi_id < b.gi_id  # the preset names b first: slot 0 is b, as on plain Ray
+    value = f"{b.uuid},{a.uuid}"
+    topo, p = given(t, {CVD: value})
+    assert p.mig_gpus and p.partitions == (b.key, a.key)
+    num, res = node_resources(topo, mig_gpus=True)
+    assert num == 2 and not any(r.startswith("mig_") for r in res)
+    record, d = prepare(topo, simulated=True, preset=p)
+    back = NodeRecord.from_json(record.to_json())
+    assert back.mig_gpus and back.mismatch({"GPU": 2.0, **res}) is None
+    assert back.mismatch({**res, "GPU": 0.0, "mig_" + a.profile: 2.0}) is not None
+    table = decode_table((d / TABLE_FILE).read_bytes())
+    gpu = table.resources["GPU"]
+    assert gpu.kind == "mig" and gpu.units == (b.key, a.key)  # slot i: the preset's i-th instance, as on plain Ray
+    assert gpu.device_of == {b.key: b.parent, a.key: a.parent}
+    assert gpu.uuid_of == {b.key: b.uuid, a.key: a.uuid}
+    assert not any(r.startswith("mig_") for r in table.resources)
+    assert "GPU" in table.unit_resources()
+    env = node_env(topo, record.node_key, d, base={CVD: value}, mig_gpus=True)
+    assert env[CVD] == "rayaccel-unhooked-0,rayaccel-unhooked-1" and env["RAYACCEL_NODE_VISIBLE"] == value
+    assert "mig_" not in env.get("RAY_custom_unit_instance_resources", "")
+
+
+def test_mig_uuids_with_num_gpus_keep_the_first(tmp_path):
+    from rayaccel.ray.node.lifecycle import ray_start_command
+
+    t, parts = _mig_host()
+    topo, p = given(t, {CVD: ",".join(q.uuid for q in parts[:3])}, num_gpus=1)
+    assert p.mig_gpus and p.partitions == (parts[0].key,) and p.ray_ids == (parts[0].uuid,)
+    assert {q.key for q in topo.partitions()} == {parts[0].key}
+    num, res = node_resources(topo, mig_gpus=True)
+    assert num == 1 and not any(r.startswith("mig_") for r in res)
+    cmd = ray_start_command(topo, "0123456789ab", ["--head", "--num-gpus=1"], simulated=True, mig_gpus=True)
+    assert "--num-gpus=1" in cmd and not any("mig_" in c for c in cmd if c.startswith("--resources"))
+
+
+def test_a_node_without_a_mig_preset_keeps_mig_resources():
+    t, parts = _mig_host()
+    for env in ({}, {CVD: "0"}):
+        topo, p = given(t, env)
+        assert not p.mig_gpus
+        num, res = node_resources(topo)
+        assert num == 0 and sum(v for r, v in res.items() if r.startswith("mig_")) == len(parts)

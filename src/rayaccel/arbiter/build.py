@@ -17,7 +17,7 @@ from dataclasses import fields
 from ..discovery.rayspec import RaySpec
 from ..placement import NodeState, Request, allocate
 from ..placement.migunits import instance_unit, parse_unit
-from ..placement.pools import gpu_pool, mig_pools
+from ..placement.pools import gpu_pool, instance_pool, mig_pools
 from ..placement.units import node_units
 from ..topology import NodeTopology, near_nics
 from .placer import bundle_order
@@ -36,7 +36,8 @@ def gpu_vendor(topology: NodeTopology) -> str:
 
 
 def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: RaySpec | None = None,
-                ray_ids: dict[int, str] | None = None, dynamic_mig: tuple[int, ...] = ()) -> NodeTable:
+                ray_ids: dict[int, str] | None = None, dynamic_mig: tuple[int, ...] = (),
+                gpu_instances: tuple[str, ...] | None = None) -> NodeTable:
     """The node table of ``topology`` (see :mod:`.table`).
 
     Args:
@@ -54,10 +55,21 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: Ra
             (``"0:1g.5gb@2"``, :func:`~rayaccel.placement.pools.mig_pools`), named by UUID only where an instance
             exists (the agent keeps that list current: :data:`~rayaccel.contract.DYNMIG_FILE`).
 
+        gpu_instances: the MIG instance keys a node given MIG UUIDs offers as Ray's ``GPU``, in the preset's
+            order (:attr:`rayaccel.ray.node.preset.Preset.mig_gpus`), else None. Its ``GPU`` resource is then
+            of kind ``mig`` (any free instance: instances have no links to choose by): units the instances
+            (:func:`~rayaccel.placement.pools.instance_pool`), ``device_of`` their parents, ``uuid_of`` their
+            MIG UUIDs; no ``mig_<profile>`` resource (an instance is one ``GPU`` slot, never also a MIG slot).
+
     Each device's nearest RDMA NICs come from :func:`rayaccel.topology.near_nics` (PIX, else PXB).
     """
     resources: dict[str, ResourceTable] = {}
-    if spec is None or spec.resource == GPU:
+    if gpu_instances is not None and (spec is None or spec.resource == GPU):
+        keys = instance_pool(topology, gpu_instances)
+        part = {p.key: p for p in topology.partitions()}
+        resources[GPU] = ResourceTable(GPU, "mig", keys, {k: part[k].parent for k in keys},
+                                       {k: part[k].uuid for k in keys if part[k].uuid})
+    elif spec is None or spec.resource == GPU:
         pool = tuple(gpu_pool(topology))
         ids = {d: ray_ids[d] for d in pool if d in ray_ids} if ray_ids else {}
         resources[GPU] = ResourceTable(GPU, "units", pool, {d: d for d in pool}, ids, plans(topology, pool))
@@ -78,7 +90,7 @@ def build_table(topology: NodeTopology, node_key: str, simulated: bool, spec: Ra
             u = instance_unit(p)
             if p.uuid:
                 uuids[u] = p.uuid
-    for r, units in mig_pools(topology, dynamic_mig).items():
+    for r, units in (mig_pools(topology, dynamic_mig) if gpu_instances is None else {}).items():
         for u in units:
             if (pu := parse_unit(u)) is not None and pu[0] in dyn:
                 parent[u] = pu[0]

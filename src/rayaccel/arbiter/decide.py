@@ -72,6 +72,8 @@ class Grant(NamedTuple):
         seconds: time spent under the lock (set by the arbiter).
         state_mtime_ns: the state file's modification time as this grant wrote it (set by the arbiter):
             while the file still has it, nothing on the node changed since.
+        parents: on a node given MIG UUIDs (its ``GPU`` units are MIG instances, table kind ``mig``): the devices
+            of the ``GPU`` units, in order, each once (the table's ``device_of``); None where ``GPU`` units are devices.
     """
 
     units: Mapping[str, tuple] = {}
@@ -80,16 +82,18 @@ class Grant(NamedTuple):
     asked: GrantRequest | None = None
     seconds: float = 0.0
     state_mtime_ns: int | None = None
+    parents: tuple[int, ...] | None = None
 
     @property
     def devices(self) -> tuple[int, ...]:
-        """The devices behind the ``GPU`` slots, in order."""
-        return tuple(self.units.get(GPU, ()))
+        """The devices behind the ``GPU`` slots, in order (a node given MIG UUIDs: the instances' parents)."""
+        return self.parents if self.parents is not None else tuple(self.units.get(GPU, ()))
 
     @property
     def partitions(self) -> tuple[str, ...]:
-        """The MIG instances behind MIG-profile slots."""
-        return tuple(u for r, us in self.units.items() if r.startswith("mig_") for u in us)
+        """The MIG instances behind MIG-profile slots (a node given MIG UUIDs: behind its ``GPU`` slots too)."""
+        return tuple(u for r, us in self.units.items() if r.startswith("mig_") or (r == GPU and self.parents is not None)
+                     for u in us)
 
 
 if TYPE_CHECKING:  # the interface, for type checkers: a typing.Protocol costs ~1 ms to create, on every worker's path
@@ -151,7 +155,7 @@ def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: "C
                                   info.get("job", ""), drain=req.drain)
         _settle_drains(pools, holders, pinned, table)
         got = {r: tuple(pools[r][s] for s, _ in slots) for r, slots in req.slots.items() if r in pools}
-        return _state(st, pools, holders, pgs), Grant(got, asked=req)
+        return _state(st, pools, holders, pgs), Grant(got, asked=req, parents=_parents(got, table))
     _settle_drains(pools, holders, pinned, table)
     units: dict[str, tuple] = {}
     waiting = None
@@ -164,7 +168,7 @@ def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: "C
             waiting = f"{r} is not a resource this node's arbiter maps"
             break
         if t.kind == "mig":
-            got, waiting = _instances(r, slots, pools, holders, st.drained, table)
+            got, waiting = _instances(r, slots, pools, holders, st.drained, table, req.pid)
         else:
             got, waiting, blocked = _units(r, slots, pools, holders, pgs, st.drained, pinned.get(r, set()), req,
                                            table, chooser, now)
@@ -173,8 +177,17 @@ def decide(st: ArbiterState, req: GrantRequest, table: NodeTable, *, chooser: "C
         units[r] = got
     holders[req.pid] = Holder(req.key, dict(req.slots), since, info.get("name", ""), info.get("kind", ""),
                               info.get("job", ""), req.pg, req.bundle, waiting)
-    grant = Grant(units, None, frozenset(), req) if waiting is None else Grant({}, waiting, blocked, req)
+    grant = Grant(units, None, frozenset(), req, parents=_parents(units, table)) if waiting is None \
+        else Grant({}, waiting, blocked, req)
     return _state(st, pools, holders, pgs), grant
+
+
+def _parents(units: Mapping[str, tuple], table: NodeTable) -> tuple[int, ...] | None:
+    """The devices of the ``GPU`` units where they are MIG instances (a node given MIG UUIDs), else None."""
+    t = table.resources.get(GPU)
+    if t is None or t.kind != "mig":
+        return None
+    return tuple(dict.fromkeys(d for u in units.get(GPU, ()) if (d := t.device_of.get(u)) is not None))
 
 
 def _state(st: ArbiterState, pools: dict, holders: dict, pgs: dict) -> ArbiterState:
@@ -186,15 +199,16 @@ def _settle_drains(pools: dict, holders: Mapping[int, Holder], pinned: dict[str,
     """Move each drain placeholder's slots onto its target device's units once nobody uses them.
 
     A placeholder holds as many slots as its device has units (one GPU; a Trainium device's
-    NeuronCores; ...); each slot not yet on the device swaps images with a slot of a target
-    unit that no live holder pins.
+    NeuronCores; on a node given MIG UUIDs, every instance of the device the node offers as a
+    ``GPU``); each slot not yet on the device swaps images with a slot of a target unit that no
+    live holder pins.
     """
     placeholders = [h for h in holders.values() if h.drain is not None]
     for h in placeholders:
         for r, slots in h.slots.items():
             t = table.resources.get(r)
             pool = pools.get(r)
-            if t is None or t.kind != "units" or not pool:
+            if t is None or (t.kind != "units" and r != GPU) or not pool:
                 continue
             mine = pinned.setdefault(r, set())
             where = {u: s for s, u in enumerate(pool)}
@@ -382,22 +396,37 @@ def _assign(pool: list, cand: list[int], mine: list[int], want: tuple) -> None:
 
 
 def _instances(r: str, slots: tuple, pools: dict, holders: dict, drained: Mapping[int, Drain],
-               table: NodeTable) -> tuple[tuple, str | None]:
+               table: NodeTable, pid: int = -1) -> tuple[tuple, str | None]:
+    """MIG instances behind ``slots`` of ``r`` (a ``mig_<profile>``, or ``GPU`` on a node given MIG UUIDs).
+
+    A slot keeps its instance unless that one is drained (or, dynamic MIG, does not exist): it then swaps images
+    with a slot no live holder uses and this grant does not hold. A slot another live holder uses too (Ray granted
+    it fractionally to both: two ``num_gpus=0.5`` tasks on one instance) never moves: the share stays on that
+    instance, and waits while its device is drained -- swapping it would move the other holder's instance.
+    """
     units = pools[r]
     t = table.resources[r]
     dev = t.device_of
     # a dynamic-MIG unit ("0:1g.5gb@2") is handed out only while its instance exists (it has a UUID): the node's
     # agent holds the others in Ray's ledger, so Ray's free count is the existing free instances'
     absent = {u for u in units if "@" in str(u) and u not in t.uuid_of}
+    # slots live holders use (a waiting grant, or a drain placeholder not on its device yet, uses none)
+    used = {s for p, h in holders.items() if p != pid and not h.waiting
+            and (h.drain is None or h.pins(pools, table.device_of)) for s, _ in h.slots.get(r, ())}
+    mine = {s for s, _ in slots}
     out = []
     for slot, _ in slots:
         if not 0 <= slot < len(units):
             return (), f"{r} slot {slot} is not a MIG instance of this node"
-        pinned = {s for h in holders.values() if not h.waiting for s, _ in h.slots.get(r, ())}
-        pinned.discard(slot)
-        ok = [s for s in range(len(units))
-              if s not in pinned and dev.get(units[s]) not in drained and units[s] not in absent]
-        if slot not in ok:
+        u = units[slot]
+        if slot in used:  # shared with a live holder: its instance is fixed
+            if dev.get(u) in drained:
+                return (), f"device {dev.get(u)} is drained; this share of {r} waits until its other sharers end"
+            out.append(u)
+            continue
+        if dev.get(u) in drained or u in absent:
+            ok = [s for s in range(len(units)) if s not in used and s not in mine
+                  and dev.get(units[s]) not in drained and units[s] not in absent]
             if not ok:
                 return (), (f"no free {r} instance outside drained devices"
                             + (" (the node's agent creates one: dynamic MIG)" if absent else ""))

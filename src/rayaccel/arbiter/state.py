@@ -284,9 +284,12 @@ def snapshot_of(st: ArbiterState, device_of: Any, *, at: float, alive: Any = Non
     ``neuron_cores``, ``TPU``, ...; not MIG profiles): their devices form the snapshot's
     ``pool``; a device some of whose units are held is ``shared`` by the held fraction (a GPU
     by its memory shares, a Trainium device by its NeuronCores). Holders whose process is
-    not ``alive`` (when given) are left out.
+    not ``alive`` (when given) are left out. On a node given MIG UUIDs the ``GPU`` units are MIG
+    instance keys (text, where devices are integers): a holder's are its ``partitions`` as well as
+    its devices' (``mig_held`` names them; the parent is then ``mig`` in :func:`device_state`).
     """
     res = [r for r in unit_resources if r in st.pools]
+    gpu_instances = any(isinstance(u, str) for u in st.pools.get(GPU, ()))
     pool: set[int] = set()
     total: dict[tuple[str, int], int] = {}
     for r in res:
@@ -331,7 +334,7 @@ def snapshot_of(st: ArbiterState, device_of: Any, *, at: float, alive: Any = Non
                     used_units[(r, d)] = used_units.get((r, d), 0) + 1
         parts = []
         for r, slots in h.slots.items():
-            if r.startswith("mig_"):
+            if r.startswith("mig_") or (r == GPU and gpu_instances):
                 pl = st.pools.get(r, ())
                 parts += [pl[s] for s, _ in slots if 0 <= s < len(pl)]
         if not h.waiting:

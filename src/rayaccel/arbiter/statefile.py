@@ -28,7 +28,7 @@ from ..contract import DYNMIG_FILE, LOCK_FILE, STATE_FILE
 from ..errors import ClusterError
 from . import decide as D
 from .choose import TableChooser
-from .state import (GPU, ArbiterState, LockInfo, Reservation, Snapshot, StateError, decode_state, encode_state,
+from .state import (ArbiterState, LockInfo, Reservation, Snapshot, StateError, decode_state, encode_state,
                     fresh_state, snapshot_of)
 from .table import NodeTable, decode_live, dynamic_resources, encode_live, with_live
 
@@ -378,8 +378,7 @@ class Arbiter:
 
     # ------------------------------------------------------------------ the decision log
     def _log_decision(self, seconds: float, g: D.Grant) -> None:
-        mig = sum(len(us) for r, us in g.units.items() if r.startswith("mig_"))
-        line = f"[{time.time():.4f},{round(seconds * 1e6)},{list(g.units.get(GPU, ()))},{mig}]\n"
+        line = f"[{time.time():.4f},{round(seconds * 1e6)},{list(g.devices)},{len(g.partitions)}]\n"
         try:
             os.write(self._log(), line.encode())
         except OSError:

@@ -2,7 +2,8 @@
 
 A rayaccel node's workers decide their grants without topology objects and without
 the placer: the table holds, per Ray resource, the units behind its slots (device
-indices for ``GPU``, MIG instance keys for ``mig_<profile>``), each unit's device,
+indices for ``GPU``, MIG instance keys for ``mig_<profile>`` -- and for ``GPU`` on a node given
+MIG UUIDs, whose ``GPU`` resource is of kind ``mig``), each unit's device,
 MIG UUIDs, the visible-devices variable, each device's NUMA-local CPUs and nearest
 RDMA NICs -- and, for pools of up to :data:`PLAN_MAX` devices, every plain decision
 the placer would make: for each set of free devices and each size, the best set in
@@ -42,7 +43,8 @@ class ResourceTable(NamedTuple):
 
     Attributes:
         name: the Ray resource (``GPU``, ``mig_1g.5gb``, ``neuron_cores``, ...).
-        kind: ``units`` (the placer chooses among free units) or ``mig`` (any free instance of the profile).
+        kind: ``units`` (the placer chooses among free units) or ``mig`` (any free MIG instance: a profile's,
+            or ``GPU`` on a node given MIG UUIDs).
         units: the units in slot order at node start.
         device_of: unit -> its device index.
         uuid_of: unit -> the name the visible-devices variable uses for it when not the unit itself
@@ -104,8 +106,15 @@ class NodeTable(NamedTuple):
         return {r: t.units for r, t in self.resources.items()}
 
     def unit_resources(self) -> tuple[str, ...]:
-        """The resources whose units are devices' (``GPU`` or the node's other family; not MIG profiles)."""
-        return tuple(r for r, t in self.resources.items() if t.kind == "units")
+        """The resources that stand for devices: ``GPU`` (its units devices, or on a node given MIG UUIDs the
+        instances it offers as GPUs) or the node's other family; not MIG profiles. The hook answers Ray's ids
+        for these, a drain placeholder holds their units of its device, the snapshot counts their devices."""
+        return tuple(r for r, t in self.resources.items() if t.kind == "units" or r == "GPU")
+
+    def gpu_instances(self) -> bool:
+        """True when the node's ``GPU`` units are MIG instances (a node given MIG UUIDs)."""
+        t = self.resources.get("GPU")
+        return t is not None and t.kind == "mig"
 
     def device_of(self, resource: str, unit: Any) -> int | None:
         """The device of ``unit`` of ``resource`` (None when unknown)."""

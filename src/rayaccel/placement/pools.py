@@ -11,8 +11,10 @@ bijection). A device is in the GPU pool when it can be handed out whole:
 * it is not in MIG mode (``mig_mode is True`` means whole-device work cannot run on it);
 * it has not failed (``health == "failed"``).
 
-A MIG instance is in its profile's pool when its parent has not failed. Pure
-functions of the topology: no state, no I/O.
+A MIG instance is in its profile's pool when its parent has not failed. A node given MIG
+instances by UUID (``CUDA_VISIBLE_DEVICES=MIG-a,MIG-b``, :mod:`rayaccel.ray.node.preset`) offers
+them as Ray's ``GPU``, as plain Ray does (:func:`instance_pool`), and no ``mig_<profile>`` resource.
+Pure functions of the topology: no state, no I/O.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ def in_gpu_pool(device: Device) -> bool:
 def gpu_pool(topology: NodeTopology) -> tuple[int, ...]:
     """The devices behind Ray's ``GPU`` resource, by ascending index (see the module docstring)."""
     return tuple(d.index for d in sorted(topology.devices, key=lambda d: d.index) if in_gpu_pool(d))
+
+
+def instance_pool(topology: NodeTopology, order: Iterable[str] = ()) -> tuple[str, ...]:
+    """The MIG instances behind Ray's ``GPU`` on a node given MIG UUIDs: their keys, instances of failed
+    devices left out; in ``order`` (the preset's: Ray's slot ``i`` is its ``i``-th instance) where it names
+    them, the rest by parent index, then GPU-instance id (as :func:`mig_pools`)."""
+    keys = [p.key for d in sorted(topology.devices, key=lambda d: d.index) if d.health != "failed"
+            for p in sorted(d.partitions, key=lambda p: (p.gi_id if p.gi_id is not None else 1 << 30, p.key))]
+    first = [k for k in order if k in keys]
+    return tuple(dict.fromkeys([*first, *keys]))
 
 
 def mig_pools(topology: NodeTopology, dynamic: Iterable[int] = ()) -> dict[str, tuple[str, ...]]:

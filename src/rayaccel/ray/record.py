@@ -2,7 +2,7 @@
 
 * resources: ``GPU`` = the node's GPU pool (:func:`rayaccel.placement.pools.gpu_pool`),
   ``mig_<profile>`` per MIG profile, the rest as Ray itself would advertise on that hardware; no
-  resource of rayaccel's own;
+  resource of rayaccel's own (a node given MIG UUIDs: ``GPU`` = those instances, as on plain Ray);
 * labels: ``rayaccel.io/...`` (see :mod:`rayaccel.contract`): how rayaccel names and selects its nodes;
 * :class:`NodeRecord`: its topology and how it was found (GCS KV and the node directory).
 """
@@ -17,7 +17,7 @@ from typing import Mapping
 from rayaccel.discovery.network import domain_labels
 from rayaccel.discovery.rayspec import RaySpec, ray_node_resources, spec_for
 from rayaccel.errors import BackendError, TopologyError
-from rayaccel.placement.pools import gpu_pool, mig_pools
+from rayaccel.placement.pools import gpu_pool, instance_pool, mig_pools
 from rayaccel.topology import NodeTopology
 from rayaccel.contract import RECORD_SCHEMA, LABEL_PREFIX, NODE_KEY_LABEL, label_value, load_json, valid_key
 
@@ -37,7 +37,8 @@ def node_spec(topology: NodeTopology) -> RaySpec | None:
         return None
 
 
-def node_resources(topology: NodeTopology, dynamic_mig: tuple[int, ...] = ()) -> tuple[int, dict[str, float]]:
+def node_resources(topology: NodeTopology, dynamic_mig: tuple[int, ...] = (), *,
+                   mig_gpus: bool = False) -> tuple[int, dict[str, float]]:
     """``(num_gpus, custom resources)`` a node with ``topology`` advertises (see module docstring).
 
     What Ray itself would advertise on that hardware (:func:`rayaccel.discovery.ray_node_resources`:
@@ -47,14 +48,21 @@ def node_resources(topology: NodeTopology, dynamic_mig: tuple[int, ...] = ()) ->
     MIG instances are ``mig_<profile>`` resources. Nothing else: a node is named and selected by its
     ``rayaccel.io/node-key`` label (:func:`node_labels`), not by a resource. A GPU in ``dynamic_mig``
     (``rayaccel start --dynamic-mig``) counts every instance it could hold (:func:`~rayaccel.placement.pools.mig_pools`).
+
+    ``mig_gpus``: the node was given MIG instances by UUID (:attr:`rayaccel.ray.node.preset.Preset.mig_gpus`):
+    as on plain Ray, ``GPU`` counts them (:func:`~rayaccel.placement.pools.instance_pool`) and no
+    ``mig_<profile>`` resource is advertised (an instance is one ``GPU`` slot, never also a MIG slot).
     """
     spec = node_spec(topology)
     res: dict[str, float] = {}
     ray_res = ray_node_resources(topology, spec)[0] if spec is not None else {}
     if spec is None or spec.resource == GPU:
-        num_gpus = len(gpu_pool(topology))
-        for r, units in mig_pools(topology, dynamic_mig).items():
-            res[r] = float(len(units))
+        if mig_gpus:
+            num_gpus = len(instance_pool(topology))
+        else:
+            num_gpus = len(gpu_pool(topology))
+            for r, units in mig_pools(topology, dynamic_mig).items():
+                res[r] = float(len(units))
     else:
         num_gpus = 0
     res.update({k: v for k, v in ray_res.items() if k != GPU})
@@ -102,6 +110,7 @@ class NodeRecord:
         host: the host's device indices when the node manages only some of them, else None.
         given_by: what gave the node those devices (``"CUDA_VISIBLE_DEVICES=4,5,6"``, ``"--num-gpus=2"``), or None.
         dynamic_mig: the GPUs the node's agent re-partitions (``rayaccel start --dynamic-mig``; :mod:`rayaccel.ray.node.dynmig`).
+        mig_gpus: the node was given MIG instances by UUID: they are its ``GPU`` (:func:`node_resources`).
     """
 
     node_key: str
@@ -110,6 +119,7 @@ class NodeRecord:
     host: tuple[int, ...] | None = None
     given_by: str | None = None
     dynamic_mig: tuple[int, ...] = ()
+    mig_gpus: bool = False
 
     def to_json(self) -> str:
         """Serialise (compact JSON)."""
@@ -119,6 +129,8 @@ class NodeRecord:
             d.update(host=list(self.host), given_by=self.given_by)
         if self.dynamic_mig:
             d["dynamic_mig"] = list(self.dynamic_mig)
+        if self.mig_gpus:
+            d["mig_gpus"] = True
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
@@ -153,8 +165,12 @@ class NodeRecord:
         if not isinstance(dyn, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i in topo.indices
                                                 for i in dyn):
             raise TopologyError("rayaccel node record: dynamic_mig must list devices of its topology", where)
+        mig_gpus = data.get("mig_gpus", False)
+        if not isinstance(mig_gpus, bool):
+            raise TopologyError("rayaccel node record: mig_gpus must be true or false", where)
         return cls(node_key=key, simulated=data["simulated"], topology=topo,
-                   host=tuple(host) if host is not None else None, given_by=given_by, dynamic_mig=tuple(dyn))
+                   host=tuple(host) if host is not None else None, given_by=given_by, dynamic_mig=tuple(dyn),
+                   mig_gpus=mig_gpus)
 
     def mismatch(self, total: Mapping[str, float]) -> str | None:
         """Why this record does not describe a node advertising ``total`` resources, or None.
@@ -162,7 +178,7 @@ class NodeRecord:
         A node's record must match what its raylet advertises: the GPU pool size, each
         MIG-profile count and its accelerator family's unit count.
         """
-        num_gpus, res = node_resources(self.topology, self.dynamic_mig)
+        num_gpus, res = node_resources(self.topology, self.dynamic_mig, mig_gpus=self.mig_gpus)
         have = float(total.get("GPU", 0.0))
         if abs(have - num_gpus) > 1e-6:
             return f"record lists {num_gpus} GPU(s) but the node advertises {have:g}"

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rayaccel.errors import ClusterError
-from rayaccel.placement.pools import gpu_pool
 from rayaccel.topology import NodeTopology
 from rayaccel.ray import _ray_private as rp, kv
 from rayaccel.ray.node import agent, failpolicy, leakpolicy
@@ -176,8 +175,9 @@ class SimulatedCluster:
         base = {"num_cpus": self.num_cpus if num_cpus is None else num_cpus,
                 "object_store_memory": self.object_store_memory}
         if plain:
-            topo, _ = given(topo, self.env)
-            base.update(num_gpus=len(gpu_pool(topo)), env_vars=dict(self.env) or None)
+            topo, preset = given(topo, self.env)
+            # what plain Ray counts: the devices, or the MIG instances a preset names by UUID
+            base.update(num_gpus=node_resources(topo, mig_gpus=preset.mig_gpus)[0], env_vars=dict(self.env) or None)
             spec = node_spec(topo)
             if spec is not None and spec.resource != "GPU":  # what Ray's manager would count on that hardware
                 base["resources"] = {spec.resource: node_resources(topo)[1].get(spec.resource, 0.0)}
@@ -327,13 +327,13 @@ def managed_node_args(topology: NodeTopology | str, node_args: dict[str, Any] | 
     after = leakpolicy.reclaim_after(reclaim_leaks)
     topo, preset = given(topo, {**os.environ, **env} if preset_env is None else preset_env, num_gpus=args.pop("num_gpus", None), resources=user_res)
     dyn = dynamic_gpus(dynamic_mig, topo)
-    num_gpus, res = node_resources(topo, dyn)
+    num_gpus, res = node_resources(topo, dyn, mig_gpus=preset.mig_gpus)
     res = with_caller_resources(res, user_res)
     record, d = prepare(topo, simulated=simulated, preset=preset, dynamic_mig=dyn)
     failpolicy.write(d, policy)
     leakpolicy.write(d, after)
     env.update(node_env(topo, record.node_key, d, base={**os.environ, **env}, nic_env=nic or None,
-                        zero_gpu_tasks=zero, dynamic_mig=dyn))
+                        zero_gpu_tasks=zero, dynamic_mig=dyn, mig_gpus=record.mig_gpus))
     args.update(num_gpus=num_gpus, resources=res, env_vars=env,
                 labels={**node_labels(topo, record.node_key, simulated=simulated), **(user_labels or {})})
     return args, record, d

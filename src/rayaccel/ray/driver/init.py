@@ -86,14 +86,14 @@ def init(address: str | None = None, topology: NodeTopology | str | None = None,
     topo, simulated = node_topology(topology)
     topo, preset = given(topo, os.environ, num_gpus=ray_init_kwargs.pop("num_gpus", None), resources=user_res)
     dyn = dynamic_gpus(dynamic_mig, topo)
-    num_gpus, res = node_resources(topo, dyn)
+    num_gpus, res = node_resources(topo, dyn, mig_gpus=preset.mig_gpus)
     res = with_caller_resources(res, user_res)
     record, directory = prepare(topo, simulated, preset=preset, dynamic_mig=dyn)
     leakpolicy.write(directory, reclaim_leaks)
     ray_init_kwargs.setdefault("include_dashboard", False)
     labels = {**node_labels(topo, record.node_key, simulated=simulated), **(user_labels or {})}
     with environ(node_env(topo, record.node_key, directory, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks,
-                          dynamic_mig=dyn)):
+                          dynamic_mig=dyn, mig_gpus=record.mig_gpus)):
         # address="local": always a new embedded cluster, never one found in RAY_ADDRESS or /tmp/ray
         ctx = ray.init(address="local", num_gpus=num_gpus, resources=res, labels=labels, **ray_init_kwargs)
     try:

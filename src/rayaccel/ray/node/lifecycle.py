@@ -75,8 +75,9 @@ def _without(args: list[str], flag: str) -> list[str]:
 
 def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[str], *,
                       simulated: bool, network: dict[str, str] | None = None,
-                      dynamic_mig: tuple[int, ...] = ()) -> list[str]:
-    """The ``ray start`` command line for a node advertising ``topology`` (and ``network``'s level labels).
+                      dynamic_mig: tuple[int, ...] = (), mig_gpus: bool = False) -> list[str]:
+    """The ``ray start`` command line for a node advertising ``topology`` (and ``network``'s level labels;
+    ``mig_gpus``: a node given MIG UUIDs, whose ``GPU`` are those instances: :func:`~rayaccel.ray.record.node_resources`).
 
     Raises:
         ClusterError: ``--num-gpus`` given (rayaccel sets it from the topology), ``--resources``
@@ -86,7 +87,7 @@ def ray_start_command(topology: NodeTopology, node_key: str, ray_args: Sequence[
 
     args = list(ray_args)
     gpus = _flag_value(args, "--num-gpus")
-    num_gpus, res = node_resources(topology, dynamic_mig)
+    num_gpus, res = node_resources(topology, dynamic_mig, mig_gpus=mig_gpus)
     # KubeRay passes the pod's GPU count: accept it (every device, or the devices not in MIG mode)
     if gpus is not None and gpus not in (str(num_gpus), str(len(topology.devices))):
         raise ClusterError(f"--num-gpus={gpus}: this node has {len(topology.devices)} device(s), {num_gpus} of them "
@@ -218,14 +219,14 @@ def start_node(ray_args: Sequence[str] = (), topology: NodeTopology | str | None
     head = "--head" in ray_args
     try:
         cmd = ray_start_command(topo, record.node_key, ray_args, simulated=simulated, network=network,
-                                dynamic_mig=dyn)
+                                dynamic_mig=dyn, mig_gpus=record.mig_gpus)
     except BaseException:
         nodedir.remove(directory)
         raise
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.update(node_env(topo, record.node_key, directory, base=env, nic_env=nic_env, zero_gpu_tasks=zero_gpu_tasks,
-                        dynamic_mig=dyn))
+                        dynamic_mig=dyn, mig_gpus=record.mig_gpus))
     if simulated and topology is not None and isinstance(topology, str):
         env["RAYACCEL_TOPOLOGY"] = topology
     before = _my_ray_processes()

@@ -17,6 +17,12 @@ sides; the managers are ``ray/_private/accelerators/*.py``):
 
 * ``CUDA_VISIBLE_DEVICES=4,5,6``: ``GPU=3``; a task's ``ray.get_gpu_ids()`` is ``['4']`` (the
   preset's text), ``CUDA_VISIBLE_DEVICES=4``; a UUID preset gives the UUID likewise;
+* ``CUDA_VISIBLE_DEVICES=MIG-a,MIG-b`` (MIG instance UUIDs): ``GPU=2``, each Ray GPU slot one instance;
+  a ``num_gpus=1`` task gets ``['MIG-a']`` and ``CUDA_VISIBLE_DEVICES=MIG-a``, two ``num_gpus=0.5`` tasks
+  can share one instance. A rayaccel node given MIG UUIDs does the same (:attr:`Preset.mig_gpus`): it
+  advertises ``GPU`` = the instances and no ``mig_<profile>`` resource for them (advertising both would
+  book an instance twice); its table's ``GPU`` units are the instances (kind ``mig``: any free one, no
+  links to choose by), named by their UUIDs, their devices the parents (CPU affinity, NICs, drains);
 * ``num_gpus=n`` with a preset: the first ``n`` of the preset (more than the preset is Ray's error);
 * ``""`` (or ``NoDevFiles``): no GPU.
 * another family (``NEURON_RT_VISIBLE_CORES``, ``TPU_VISIBLE_CHIPS``, ``HABANA_VISIBLE_MODULES``,
@@ -73,7 +79,8 @@ class Preset:
             another family: those its units are on).
         ray_ids: Ray's id for each of ``devices`` (GPUs) or ``units`` (another family) when a variable
             named them (its own text: ``"4"``, ``"GPU-..."``, ``"MIG-..."``), else None (Ray's integers).
-        partitions: MIG instance keys kept (a MIG preset), or None for every instance of the kept devices.
+        partitions: MIG instance keys kept (a MIG preset: Ray's ``GPU`` slots, in the preset's order), or None
+            for every instance of the kept devices.
         resource: the family's Ray resource (``"GPU"``, ``"neuron_cores"``, ``"TPU"`` ...).
         host_units: another family's: every unit id of the host (NeuronCore, TPU chip, module ids); None for GPUs.
         units: another family's: the host unit ids the node manages, in Ray's slot order; None for GPUs.
@@ -90,6 +97,11 @@ class Preset:
     host_units: tuple[int, ...] | None = None
     units: tuple[int, ...] | None = None
     split: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def mig_gpus(self) -> bool:
+        """True when the node was given MIG instances by UUID: they are its ``GPU`` (module docstring)."""
+        return self.partitions is not None and self.units is None
 
     @property
     def restricted(self) -> bool:

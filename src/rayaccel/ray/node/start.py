@@ -7,7 +7,8 @@ A rayaccel node is an ordinary Ray node whose raylet is started with:
 
 * ``num_gpus`` = its GPU pool (Ray's own ``GPU`` ledger; any Ray GPU work can use it),
   ``mig_<profile>`` unit-instance resources for MIG instances -- no resource Ray itself would not
-  advertise -- and ``rayaccel.io/...`` labels (:mod:`rayaccel.contract`);
+  advertise -- and ``rayaccel.io/...`` labels (:mod:`rayaccel.contract`); a node given MIG UUIDs
+  advertises those instances as ``GPU``, as plain Ray does (:mod:`.preset`);
 * an environment that makes every worker it spawns import the worker hook
   (:mod:`.hook`) and find the node's directory (:func:`node_env`).
 
@@ -98,7 +99,8 @@ def resolve_topology(spec: NodeTopology | str) -> NodeTopology:
 
 def node_env(topology: NodeTopology, node_key: str, directory: Path,
              base: dict[str, str] | None = None, nic_env: str | Sequence[str] | None = None,
-             zero_gpu_tasks: str | None = None, dynamic_mig: tuple[int, ...] = ()) -> dict[str, str]:
+             zero_gpu_tasks: str | None = None, dynamic_mig: tuple[int, ...] = (),
+             mig_gpus: bool = False) -> dict[str, str]:
     """The environment variables a rayaccel node's raylet (and so every worker) must start with.
 
     * ``RAY_preload_python_modules`` gains :data:`HOOK_MODULE` (kept: what was there);
@@ -115,6 +117,8 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     * ``RAYACCEL_ZERO_GPU_TASKS`` (``zero_gpu_tasks``: ``see-none``, the default, or ``see-all``) and
       ``RAYACCEL_NODE_VISIBLE`` (the variable as the node was given it): what a task asking no GPU sees.
 
+    ``mig_gpus``: the node was given MIG instances by UUID, its ``GPU`` (:func:`~rayaccel.ray.record.node_resources`).
+
     Raises:
         ClusterError: ``nic_env`` names a variable rayaccel cannot write (the message lists those it can),
             or ``zero_gpu_tasks`` is not one of ``see-none`` / ``see-all``.
@@ -128,7 +132,7 @@ def node_env(topology: NodeTopology, node_key: str, directory: Path,
     nic_vars = nic_env_names(nic_env)
     if nic_vars:
         env[NIC_ENV_ENV] = ",".join(nic_vars)
-    num_gpus, res = node_resources(topology, dynamic_mig)
+    num_gpus, res = node_resources(topology, dynamic_mig, mig_gpus=mig_gpus)
     spec = node_spec(topology)
     unit = [spec.resource] if spec is not None and spec.resource != "GPU" else []
     migs = [r for r in res if r.startswith("mig_")]
@@ -206,18 +210,27 @@ def prepare(topology: NodeTopology, simulated: bool, node_key: str | None = None
     to them): the record names the host's devices too, the table the ids Ray hands out for each unit
     (:func:`~.preset.table_ids`). ``dynamic_mig``: GPUs the agent re-partitions (:mod:`.dynmig`; checked by
     :func:`.dynmig.dynamic_gpus`): the record names them, the table lists every instance they could hold.
-    """
+    A preset of MIG UUIDs (:attr:`~.preset.Preset.mig_gpus`): the record says so, the table's ``GPU`` units are
+    those instances in the preset's order (:func:`~rayaccel.arbiter.build.build_table`'s ``gpu_instances``).
 
+    Raises:
+        ClusterError: ``dynamic_mig`` on a node given MIG UUIDs (its instances are fixed: they are its GPUs).
+    """
+    mig_gpus = preset is not None and preset.mig_gpus
+    if mig_gpus and dynamic_mig:
+        raise ClusterError(f"--dynamic-mig with {preset.source}: a node given MIG instances by UUID uses exactly "
+                           "those as its GPUs; drop --dynamic-mig, or give the node whole GPUs (indices or GPU UUIDs)")
     key = node_key or new_node_key()
     d = nodedir.node_dir(key)
     given = preset is not None and preset.restricted
     record = NodeRecord(key, topology, simulated, host=preset.host if given else None,
-                        given_by=preset.source if given else None, dynamic_mig=tuple(dynamic_mig))
+                        given_by=preset.source if given else None, dynamic_mig=tuple(dynamic_mig), mig_gpus=mig_gpus)
     spec = node_spec(topology)
     nodedir.write_record(d, record.to_json())
     nodedir.write_file(d, TABLE_FILE, encode_table(build_table(topology, key, simulated, table_spec(spec, preset),
                                                                ray_ids=table_ids(topology, spec, preset),
-                                                               dynamic_mig=tuple(dynamic_mig))))
+                                                               dynamic_mig=tuple(dynamic_mig),
+                                                               gpu_instances=preset.partitions if mig_gpus else None)))
     return record, d
 
 

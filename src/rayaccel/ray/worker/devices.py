@@ -33,7 +33,8 @@ class Assignment:
 
     Attributes:
         node_id: Ray node id. devices: the devices (whole, MIG parents, or shared), in order.
-        partitions: MIG instances held. links: links among the devices.
+        partitions: MIG instances held (on a node given MIG UUIDs, those behind its GPU slots). links: links
+            among the devices.
         memory_bytes: device index -> bytes this work may use.
         gpu_memory_bytes: the request's gpu_memory or None.
         visible_env / visible: the vendor variable and its value.
@@ -102,11 +103,13 @@ def get_devices() -> Assignment:
     gpu = [f for _, f in cur.asked.slots.get(GPU, ())]
     shared = bool(gpu) and gpu[0] < 1 - 1e-6
     mem: dict[int, int] = {}
+    size = hook.device_bytes(ns, cur)  # a node given MIG UUIDs: a GPU's bytes are its instances'
     for d in devices:
-        if d.index in cur.devices and d.memory_bytes:
-            mem[d.index] = int(d.memory_bytes * (gpu[0] if shared else 1.0))
+        if d.index in cur.devices and size.get(d.index):
+            mem[d.index] = int(size[d.index] * (gpu[0] if shared else 1.0))
+    as_gpus = set(cur.units.get(GPU, ())) if cur.parents is not None else set()
     for p in parts:
-        if p.memory_bytes:
+        if p.memory_bytes and p.key not in as_gpus:
             mem[p.parent] = mem.get(p.parent, 0) + p.memory_bytes
     idx = set(order)
     links = tuple(l for l in topo.links if l.a in idx and l.b in idx)
@@ -126,7 +129,7 @@ def _memory_cap(ns: Any, cur: Any, fractions: tuple[float, ...]) -> MemoryCap | 
     gm = getattr(cur.asked.request, "gpu_memory", None)
     if gm is None and os.environ.get("RAYACCEL_GPU_MEMORY_BYTES"):  # a gpu_memory share: Ray's fraction is its bytes
         gm = int(os.environ["RAYACCEL_GPU_MEMORY_BYTES"])
-    share = memcap.share_of(fractions, cur.devices, hook.device_bytes(ns), gm)
+    share = memcap.share_of(fractions, cur.devices, hook.device_bytes(ns, cur), gm)
     return memcap.cap_now(share, simulated=ns.record.simulated)
 
 

@@ -389,15 +389,29 @@ def _memory_cap(ns: _NodeSide, cur: Grant | None) -> None:
     from rayaccel.ray.worker import memcap
 
     try:
-        share = memcap.share_of(tuple(f for _, f in fr), cur.devices, device_bytes(ns), gm) if cur is not None else None
+        share = memcap.share_of(tuple(f for _, f in fr), cur.devices, device_bytes(ns, cur), gm) if cur is not None else None
         memcap.apply(share, simulated=ns.record.simulated)
     except Exception as e:  # noqa: BLE001 - never break the task for its cap: say so, it runs uncapped
         log.error("rayaccel hook: could not cap this worker's share of its GPU: %s", e)
 
 
-def device_bytes(ns: _NodeSide) -> dict[int, int]:
-    """Device index -> memory in bytes, from the node's topology (loads the record: shares only)."""
-    return {d.index: d.memory_bytes for d in ns.topology.devices if d.memory_bytes}
+def device_bytes(ns: _NodeSide, cur: Grant | None = None) -> dict[int, int]:
+    """Device index -> memory in bytes, from the node's topology (loads the record: shares only).
+
+    On a node given MIG UUIDs (``cur.parents``: its ``GPU`` units are MIG instances) a device of ``cur``
+    counts the memory of the grant's instances on it, where the topology knows each (else the device's own).
+    """
+    out = {d.index: d.memory_bytes for d in ns.topology.devices if d.memory_bytes}
+    if cur is not None and cur.parents is not None:
+        mine = set(cur.units.get(GPU, ()))
+        by_dev: dict[int, list] = {}
+        for p in ns.topology.partitions():
+            if p.key in mine:
+                by_dev.setdefault(p.parent, []).append(p.memory_bytes)
+        for d, sizes in by_dev.items():
+            if all(sizes):
+                out[d] = sum(sizes)
+    return out
 
 
 def _family_env(ns: _NodeSide, t: Any, units: tuple | None) -> None:
@@ -493,9 +507,10 @@ def _releaser(ev: threading.Event) -> None:
 
 
 def _indices(ns: _NodeSide, cur: Grant) -> list[int]:
-    """The devices of the grant: its GPUs, then the parents of its MIG instances, then the devices of
-    the family's units (NeuronCores, TPU chips, ...), each once, in that order."""
-    out = list(cur.units.get(GPU, ()))
+    """The devices of the grant: its GPUs (on a node given MIG UUIDs, their instances' parents), then the
+    parents of its MIG instances, then the devices of the family's units (NeuronCores, TPU chips, ...), each
+    once, in that order."""
+    out = list(cur.devices)
     for r, t in ns.table.resources.items():
         if r == GPU:
             continue
