@@ -262,3 +262,18 @@ def test_a_node_without_a_mig_preset_keeps_mig_resources():
         assert not p.mig_gpus
         num, res = node_resources(topo)
         assert num == 0 and sum(v for r, v in res.items() if r.startswith("mig_")) == len(parts)
+
+
+def test_a_mig_request_never_plans_onto_a_node_whose_instances_are_its_gpus():
+    from rayaccel.placement import Request
+    from rayaccel.ray.driver.claim import _idle_fit
+    from rayaccel.ray.driver.view import NodeView
+
+    t, parts = _mig_host()
+    topo, p = given(t, {CVD: parts[0].uuid})
+    for mig_gpus, fits in ((True, False), (False, True)):
+        rec = NodeRecord("0123456789ab", topo, True, host=p.host, given_by=p.source, mig_gpus=mig_gpus)
+        fit = _idle_fit(NodeView("n" * 56, rec.node_key, rec, {}, {}), Request(mig=parts[0].profile))
+        assert bool(fit) is fits
+        if not fits:
+            assert "ask num_gpus=" in fit.reasons[0]

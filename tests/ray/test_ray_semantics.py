@@ -1,13 +1,16 @@
 """Ray's own semantics, which a rayaccel node keeps: each test asks a plain Ray node and a rayaccel node the same.
 
-One cluster per preset: a plain Ray node and a rayaccel node on the same simulated hardware (DGX-1 V100),
-both started with the same visible-devices preset, as Ray documents giving a node part of a shared machine
-(Ray's ``test_specific_gpus``: ``CUDA_VISIBLE_DEVICES=4,5,6``; ``test_gpu_ids_cuda_visible_devices_preset``:
-GPU UUIDs). What each test compares:
+One cluster per preset: a plain Ray node and a rayaccel node on the same simulated hardware (DGX-1 V100;
+an A100 in MIG mode for MIG UUIDs), both started with the same visible-devices preset, as Ray documents giving
+a node part of a shared machine (Ray's ``test_specific_gpus``: ``CUDA_VISIBLE_DEVICES=4,5,6``;
+``test_gpu_ids_cuda_visible_devices_preset``: GPU UUIDs; two MIG instances by UUID, which plain Ray counts as
+two GPUs). What each test compares:
+
+* what the nodes advertise: ``GPU`` = the preset's count, no ``mig_<profile>`` (MIG UUIDs are the GPUs);
 
 * the ids a task gets (``ray.get_gpu_ids()``, ``get_accelerator_ids()``, ``CUDA_VISIBLE_DEVICES``): the
   preset's own text, of the same type, from the same set; all of them for a task asking for all;
-* fractional GPUs: two half-GPU actors share one id;
+* fractional GPUs: two half-GPU actors share one id; two one-GPU actors alive together get different ones;
 * placement-group bundles: bundle ``i`` of a group holding the whole preset gets the same id on both;
 * a task asking for no GPU: plain Ray 2.60 leaves the variable as the node was started (the whole preset);
   a rayaccel node's default (``see-none``) gives it ``""`` (no device: what Ray writes with
@@ -32,6 +35,7 @@ pytestmark = pytest.mark.ray
 
 CVD = "CUDA_VISIBLE_DEVICES"
 TOPOLOGY = "dgx1-v100"
+MIG_TOPOLOGY = "a100-mig"
 
 
 def _uuids(*indices):
@@ -41,7 +45,15 @@ def _uuids(*indices):
     return ",".join(t.device(i).uuid for i in indices)
 
 
-PRESETS = {"indices": ("4,5,6", "see-none"), "uuids": (None, "see-all")}
+def _mig_uuids(n):
+    from rayaccel import catalog
+
+    return ",".join([p.uuid for p in catalog.load(MIG_TOPOLOGY).partitions() if p.uuid][:n])
+
+
+#: preset -> (machine, value (None: UUIDs, made below), zero-GPU mode)
+PRESETS = {"indices": (TOPOLOGY, "4,5,6", "see-none"), "uuids": (TOPOLOGY, None, "see-all"),
+           "mig-uuids": (MIG_TOPOLOGY, None, "see-none")}
 
 
 @pytest.fixture(scope="module", params=sorted(PRESETS))
@@ -53,9 +65,10 @@ def pair(request, ray_env):
 
     if ray.is_initialized():
         ray.shutdown()
-    value, zero = PRESETS[request.param]
-    value = value or _uuids(2, 5)  # in device order: see the bundle test
-    c = SimulatedCluster([TOPOLOGY, TOPOLOGY], plain=[0], num_cpus=4, env={CVD: value}, zero_gpu_tasks=zero,
+    machine, value, zero = PRESETS[request.param]
+    if value is None:  # in device order: see the bundle test
+        value = _mig_uuids(2) if machine == MIG_TOPOLOGY else _uuids(2, 5)
+    c = SimulatedCluster([machine, machine], plain=[0], num_cpus=4, env={CVD: value}, zero_gpu_tasks=zero,
                          labels=[{"side": "plain"}, {"side": "rayaccel"}], logging_level="ERROR",
                          log_to_driver=False)
     try:
@@ -94,8 +107,10 @@ def test_nodes_advertise_the_preset(pair):
     import ray
 
     c, preset, _ = pair
-    gpus = {n["NodeID"]: n["Resources"].get("GPU") for n in ray.nodes() if n["Alive"]}
-    assert [gpus[i] for i in c.node_ids] == [len(preset), len(preset)]
+    res = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    assert [res[i].get("GPU") for i in c.node_ids] == [len(preset), len(preset)]
+    # MIG UUIDs are the GPUs: an instance is never also a mig_<profile> slot (it would be booked twice)
+    assert [sorted(r for r in res[i] if r.startswith("mig_")) for i in c.node_ids] == [[], []]
 
 
 def test_one_gpu_task_gets_one_of_the_presets_ids(pair):
@@ -139,6 +154,71 @@ def test_two_half_gpu_actors_share_one_id(pair):
     plain, managed = _both(c, two)
     assert plain[0][0] == plain[1][0] and managed[0][0] == managed[1][0], (plain, managed)
     assert [_shape(s, preset) for s in managed] == [_shape(s, preset) for s in plain]
+    wait_idle(c)
+
+
+def test_one_gpu_actors_alive_together_get_different_ids(pair):
+    import ray
+
+    c, preset, _ = pair
+
+    class A:
+        def seen(self):
+            return _seen()
+
+    def two(n):
+        actors = [ray.remote(A).options(**_on(n, num_gpus=1, num_cpus=0)).remote() for _ in range(2)]
+        out = ray.get([a.seen.remote() for a in actors])
+        for a in actors:
+            ray.kill(a)
+        return out
+
+    plain, managed = _both(c, two)
+    assert plain[0][0] != plain[1][0] and managed[0][0] != managed[1][0], (plain, managed)
+    assert [_shape(s, preset) for s in managed] == [_shape(s, preset) for s in plain]
+    wait_idle(c)
+
+
+def test_get_devices_and_status_name_what_ray_names(pair):
+    """rayaccel.get_devices() in a one-GPU actor: the device (and, for MIG UUIDs, the instance) behind the id;
+    ``rayaccel status`` shows the same holder there."""
+    import ray
+
+    from rayaccel.ray.driver.status import cluster_status
+
+    c, preset, _ = pair
+
+    class A:
+        def devices(self):
+            import rayaccel
+
+            a = rayaccel.get_devices()
+            return (os.environ.get(CVD), [(d.index, d.uuid) for d in a.devices],
+                    [(p.parent, p.uuid, p.key) for p in a.partitions], a.memory_bytes)
+
+    actor = ray.remote(A).options(**_on(c.node_ids[1], num_gpus=1, num_cpus=0)).remote()
+    var, devs, parts, mem = ray.get(actor.devices.remote())
+    assert var in preset and len(devs) == 1, (var, devs)
+    dev = devs[0][0]
+    if var.startswith("MIG-"):
+        assert [p[:2] for p in parts] == [(dev, var)], (var, devs, parts)
+        from rayaccel import catalog
+
+        inst = next(p for p in catalog.load(MIG_TOPOLOGY).partitions() if p.uuid == var)
+        assert mem == {dev: inst.memory_bytes}  # the instance's memory, not the parent's
+        want = f"[MIG {parts[0][2]}]"
+    else:
+        assert parts == [] and var in (str(dev), devs[0][1]), (var, devs)
+        want = "(pid"
+
+    def row():
+        node = next(n for n in cluster_status()["nodes"] if n["node_key"] == c.node(1).node_key)
+        d = next(x for x in node["devices"] if x["index"] == dev)
+        return d if d["state"] != "free" and any(want in h for h in d["holders"]) else None
+
+    d = wait_for(row, 20.0, "status to show the actor's device")
+    assert d["state"] == ("mig" if var.startswith("MIG-") else "busy") and len(d["holders"]) == 1, d
+    ray.kill(actor)
     wait_idle(c)
 
 

@@ -91,7 +91,13 @@ _IDLE: dict = {}
 
 
 def _idle_fit(n: NodeView, request: Any) -> Any:
-    """The request's placement on the node when idle (cached per record and request)."""
+    """The request's placement on the node when idle (cached per record and request).
+
+    A node given MIG UUIDs offers its instances as ``GPU`` only (no ``mig_<profile>``, as plain Ray): never a MIG
+    request's node. (Its GPU pool is empty, so no device request lands there either: plain ``num_gpus`` work does.)
+    """
+    if request.kind == "mig" and n.record.mig_gpus:
+        return Rejection((f"its MIG instances are its GPUs ({n.record.given_by}): ask num_gpus=, not mig=",), request)
     key = (id(n.record), request)
     hit = _IDLE.get(key)
     if hit is None:

@@ -84,8 +84,10 @@ def _node_row(n: Any, snap: Snapshot | None, source: str, now: float, usage: lis
         label = f"{h['name'] or h['kind']} (pid {h['pid']})"
         if h["drain"] is not None:
             label = f"drain placeholder (pid {h['pid']})"
+        parents = {str(k).split(":")[0] for k in h["partitions"]}
         for d in h["devices"]:
-            by_dev.setdefault(d, []).append(label)
+            if str(d) not in parents:  # a node given MIG UUIDs: its GPUs' devices are named with the instance below
+                by_dev.setdefault(d, []).append(label)
         for k in h["partitions"]:
             try:
                 by_dev.setdefault(int(str(k).split(":")[0]), []).append(f"{label} [MIG {k}]")
