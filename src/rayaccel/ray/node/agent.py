@@ -243,7 +243,11 @@ class NodeAgent:
 
     def placeholder_resources(self, device: int) -> dict[str, float]:
         """What holds ``device`` in Ray's ledger: one ``GPU``, or all of its units of the node's family
-        (a Trainium device's NeuronCores, one TPU chip, ...); empty when the device backs no unit resource."""
+        (a Trainium device's NeuronCores, one TPU chip, ...); empty when the device backs no unit resource.
+
+        On a node given MIG UUIDs (its ``GPU`` slots are MIG instances) a drain or leak fence of a device holds
+        every instance of it the node offers: one ``GPU`` per instance, which the arbiter moves onto exactly
+        those instances (:func:`rayaccel.arbiter.decide.decide`), so no other grant lands on that device."""
         out = {}
         for r in self.table.unit_resources():
             n = sum(1 for u in self.table.resources[r].units if self.table.resources[r].device_of.get(u) == device)
