@@ -137,3 +137,23 @@ def test_snapshot_names_the_instances_of_gpu_slots(node):
     (h,) = snap.holders
     assert h.devices == a.devices and h.partitions == a.units["GPU"] and h.shared
     assert snap.mig_held == a.units["GPU"] and snap.shared == {a.devices[0]: 0.5}
+
+
+def test_a_share_of_an_instance_is_capped_by_the_instance_memory(node):
+    """memcap's bytes per device: on a node given MIG UUIDs, the instance's memory (else the parent's)."""
+    from types import SimpleNamespace
+
+    from rayaccel.ray.worker import memcap
+    from rayaccel.ray.worker.hook import device_bytes
+
+    topo, table = node
+    st = fresh_state(table.pools())
+    st, g = _decide(st, table, topo, 1, ((0, 0.5),), {1})
+    inst = next(p for p in topo.partitions() if p.key == g.units["GPU"][0])
+    ns = SimpleNamespace(topology=topo)
+    share = memcap.share_of((0.5,), g.devices, device_bytes(ns, g))
+    assert share.bytes_by_device == {inst.parent: inst.memory_bytes // 2}
+    unknown = replace(topo, devices=tuple(replace(d, partitions=tuple(replace(p, memory_bytes=None)
+                                                                     for p in d.partitions)) for d in topo.devices))
+    share = memcap.share_of((0.5,), g.devices, device_bytes(SimpleNamespace(topology=unknown), g))
+    assert share.bytes_by_device == {inst.parent: topo.device(inst.parent).memory_bytes // 2}
