@@ -277,3 +277,13 @@ def test_a_mig_request_never_plans_onto_a_node_whose_instances_are_its_gpus():
         assert bool(fit) is fits
         if not fits:
             assert "ask num_gpus=" in fit.reasons[0]
+
+
+def test_dynamic_mig_with_mig_uuids_is_one_error_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYACCEL_STATE_DIR", str(tmp_path))
+    tmp_path.chmod(0o700)
+    t, parts = _mig_host()
+    topo, p = given(t, {CVD: parts[0].uuid})
+    with pytest.raises(ClusterError, match=r"^--dynamic-mig with CUDA_VISIBLE_DEVICES=MIG-.*drop --dynamic-mig") as e:
+        prepare(topo, simulated=True, preset=p, dynamic_mig=(0,))
+    assert "\n" not in str(e.value) and not list(tmp_path.iterdir())  # nothing made
