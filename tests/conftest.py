@@ -51,6 +51,8 @@ DECLARED_SKIPS: dict[str, str] = {
     r"capture rejected by the importer \(tested there\)": "captures the importer refuses are tested by its own tests",
     r"not a topology NVML could report": "a capture beyond NVML's limits (NVML_NVLINK_MAX_LINKS)",
     r"root may write anywhere": "read-only paths do not stop root",
+    r"torch is not installed": "the tensor transport's checks need torch (scripts/ray_matrix.py --quick installs none; "
+                               "CI and the full matrix do)",
     r"tmux": "the live `top` test needs tmux (.ci/run installs it)",
     r"Ray \S+ does not carry": "a Ray feature the installed release lacks (docs/compatibility-ray.md; .ci/ray-oldest "
                                "runs the Ray tests on 2.48)",

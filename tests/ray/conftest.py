@@ -73,10 +73,8 @@ def cluster(sim_cluster):
     """The session cluster, checked idle before and after the test (nothing leaked)."""
     import ray
 
-    from rayaccel.ray.driver import view
     if not ray.is_initialized():  # another module's cluster ran in between: reconnect
-        ray.init(address=sim_cluster.address, logging_level="ERROR", log_to_driver=False)
-        view.reset()
+        sim_cluster.connect(logging_level="ERROR", log_to_driver=False)
     wait_idle(sim_cluster)
     yield sim_cluster
     wait_idle(sim_cluster)

@@ -9,10 +9,11 @@ import sys
 import textwrap
 
 import pytest
-from raytest_helpers import link, node_named, wait_for
+from raytest_helpers import link, needs_feature, node_named, wait_for
 
 import rayaccel
 from rayaccel.errors import RequestError, Unsatisfiable
+from rayaccel.ray import _ray_private as rp
 
 pytestmark = pytest.mark.ray
 
@@ -150,6 +151,15 @@ def test_unsatisfiable_fails_at_once(cluster):
 def test_gang_ranks_sit_on_nvlink_pairs(cluster):
     dgx = node_named(cluster, "dgx1-v100")
     with rayaccel.gang(workers=2, gpus_per_worker=2, strategy="strict-pack", model="V100") as g:
+        import ray
+
+        def node_id():
+            return ray.get_runtime_context().get_node_id()
+
+        landed = set(ray.get([w.run.remote(node_id, (), {}) for w in g.workers], timeout=60))
+        if landed != {dgx.node_id}:  # the PCIe V100 node: Ray placed the unpinned bundles by STRICT_PACK
+            needs_feature(rp.BUNDLE_LABELS, "Ray put the gang on the other V100 node")
+        assert landed == {dgx.node_id}
         devs = g.devices()
         assert [link(dgx.topology, d) for d in devs] == ["NV2", "NV2"]
         pytest.importorskip("torch")

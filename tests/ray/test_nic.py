@@ -21,10 +21,8 @@ def a100(sim_cluster):
     """A DGX A100 node (8 GPUs NV12, each GPU pair behind a PCIe switch with two mlx5) in the session cluster."""
     import ray
 
-    from rayaccel.ray.driver import view
     if not ray.is_initialized():  # another module's cluster ran in between: reconnect
-        ray.init(address=sim_cluster.address, logging_level="ERROR", log_to_driver=False)
-        view.reset()
+        sim_cluster.connect(logging_level="ERROR", log_to_driver=False)
     nid = sim_cluster.add_node("dgx-a100")
     try:
         yield nid

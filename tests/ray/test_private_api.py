@@ -32,6 +32,14 @@ def needs(feature: rp.Feature):
                               f"(Ray >= {feature.since_text})")
 
 
+def _needs_torch() -> None:
+    """The transport moves torch tensors: without torch (``scripts/ray_matrix.py --quick``'s venvs) it is not registered."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the transport carries torch tensors)")
+
+
 def test_a_supported_ray_release():
     assert rp.OLDEST <= HAVE <= rp.NEWEST, (
         f"rayaccel supports Ray {rp.OLDEST[0]}.{rp.OLDEST[1]} to {rp.NEWEST[0]}.{rp.NEWEST[1]}, this is Ray {RELEASE}")
@@ -252,6 +260,7 @@ def test_where_this_release_checks_a_transports_name():
 
 def test_the_rayaccel_transport_name_works_on_this_release(caplog):
     """2.56+: registered (Ray knows the name); older: Ray's object store, with one warning naming the release."""
+    _needs_torch()
     import rayaccel  # noqa: F401 - installs the transport's registration
 
     caplog.set_level(logging.WARNING, logger="rayaccel")
@@ -271,6 +280,7 @@ def test_the_rayaccel_transport_name_works_on_this_release(caplog):
 
 
 def test_torchs_cuda_ipc_rebuild_takes_the_device_seventh():
+    _needs_torch()
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
     from rayaccel.ray.rdt.gpu import _DEVICE_ARG
@@ -351,3 +361,14 @@ def test_the_cpu_target_hint_names_a_function_this_release_has():
 
     hint = rp.cpu_target_hint()
     assert callable(getattr(experimental, hint.split("(")[0].rsplit(".", 1)[1], None)), moved(hint, "gone")
+
+
+def test_a_simulated_clusters_driver_sits_on_the_head(cluster):
+    """``ray.init(address=)`` on a host with several raylets: 2.49+ attach the driver to the head's, 2.48 to any
+    (``rp.driver_on_head`` steers it); a driver on a node ``remove_node`` takes would exit with that raylet."""
+    head = cluster.node_ids[0]
+    assert len(cluster.node_ids) > 1
+    for _ in range(2):
+        assert ray.get_runtime_context().get_node_id() == head, f"Ray {RELEASE}: the driver is not on the head's raylet"
+        ray.shutdown()
+        cluster.connect(logging_level="ERROR", log_to_driver=False)

@@ -50,6 +50,10 @@ Every Ray release from 2.48 to 2.60 (what each lacks: :data:`FEATURES`,
   2.48-2.52 in ``ray._private.custom_types.TensorTransportEnum.from_str``.
 * Ray's default ``custom_unit_instance_resources`` grew by release
   (:func:`unit_instance_default`).
+* ``ray.init(address=...)`` attaches the driver to a raylet on its own host
+  (``ray._private.services.get_node_to_connect_for_driver``): 2.49 and later prefer the head's
+  when several run there (a simulated cluster); 2.48 takes any, so :func:`driver_on_head` steers it
+  to the head's too (removing a node then never takes the driver's raylet with it).
 """
 
 from __future__ import annotations
@@ -682,6 +686,38 @@ def cpu_target_hint() -> str:
 def call_on_actor(actor: Any, fn: Callable, *args: Any) -> Any:
     """Run ``fn(actor_instance, *args)`` in ``actor`` in RDT's short-call group; an ObjectRef."""
     return actor.__ray_call__.options(concurrency_group=RDT_SERVE_GROUP).remote(fn, *args)
+
+
+def driver_on_head(gcs_address: str, node_id: str) -> Any:
+    """A context manager: inside, ``ray.init(address=gcs_address)`` attaches the driver to the head
+    (node ``node_id``)'s raylet.
+
+    2.49 and later prefer the head's raylet among those on the driver's host, so nothing is done
+    there; 2.48's ``get_node_to_connect_for_driver(gcs_address, ip)`` returns any of them, and is
+    answered with ``node_id``'s entry instead (same keys: ``services.get_node``).
+    """
+    import contextlib
+    import inspect
+
+    from ray._private import services
+
+    @contextlib.contextmanager
+    def steer() -> Any:
+        original = services.get_node_to_connect_for_driver
+        if next(iter(inspect.signature(original).parameters), "") != "gcs_address":
+            yield  # 2.49+: the head's raylet is preferred already
+            return
+
+        def to_node(gcs: Any, *args: Any, **kwargs: Any) -> Any:
+            return services.get_node(gcs, node_id) if gcs == gcs_address else original(gcs, *args, **kwargs)
+
+        services.get_node_to_connect_for_driver = to_node
+        try:
+            yield
+        finally:
+            services.get_node_to_connect_for_driver = original
+
+    return steer()
 
 
 def local_gcs_addresses() -> list[str]:

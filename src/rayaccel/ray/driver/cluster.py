@@ -159,8 +159,7 @@ class SimulatedCluster:
                 self._add(t, i in plain, extra[i], cpus[i])
             self._cluster.wait_for_nodes()
             if connect:
-                ray.init(address=self._cluster.address, **ray_init_kwargs)
-                self._connected = True
+                self.connect(**ray_init_kwargs)
                 for n in self.nodes:  # the agents start side by side
                     self._publish(n, wait=False)
                 managed = [n for n in self.nodes if n.managed]
@@ -207,6 +206,23 @@ class SimulatedCluster:
         kv.publish(self._records.get(node.node_key) or NodeRecord(node.node_key, node.topology, simulated=True))
         node.agent = agent.start(node.node_key, node.node_id, node.directory, raylet_pid=rp.raylet_pid(node.handle),
                                  wait=wait)
+
+    def connect(self, **ray_init_kwargs: Any) -> None:
+        """Connect this process to the cluster as its driver (again, after ``ray.shutdown()``), on the head
+        node's raylet: a driver exits with its raylet, so it must never sit on a node :meth:`remove_node`
+        can take (Ray 2.48 attaches a driver to any raylet of its host: :func:`~rayaccel.ray._ray_private.driver_on_head`).
+
+        Raises:
+            ClusterError: Ray is already initialised in this process.
+        """
+        import ray
+
+        if ray.is_initialized():
+            raise ClusterError("Ray is already initialised in this process; call rayaccel.shutdown() first")
+        with rp.driver_on_head(self._cluster.address, self.nodes[0].node_id):
+            ray.init(address=self._cluster.address, **ray_init_kwargs)
+        self._connected = True
+        view.reset()
 
     @property
     def address(self) -> str:

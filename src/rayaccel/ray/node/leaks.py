@@ -98,6 +98,7 @@ class LeakWatch:
         self.by_pid: dict[int, str] = {}
         self.worker_cgroups: OrderedDict[str, tuple] = OrderedDict()
         self._cg_seen: dict[int, str | None] = {}
+        self._fixed_cgroups: tuple[int, str | None, str | None] | None = None  # (raylet pid, its cgroup, the agent's)
         self.after_s = leakpolicy.read(agent.dir)
         self._raylet: int | None = None
         self._lock = threading.RLock()
@@ -160,8 +161,9 @@ class LeakWatch:
                 self._cg_seen[pid] = cgroup_of(self.root, pid)
         if not raylet:
             return
-        base = cgroup_of(self.root, raylet)
-        mine = cgroup_of(self.root, os.getpid())
+        if self._fixed_cgroups is None or self._fixed_cgroups[0] != raylet:  # read once: neither moves
+            self._fixed_cgroups = (raylet, cgroup_of(self.root, raylet), cgroup_of(self.root, os.getpid()))
+        _, base, mine = self._fixed_cgroups
         counts: dict[str, int] = {}
         for cg in self._cg_seen.values():
             if cg:

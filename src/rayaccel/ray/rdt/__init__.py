@@ -87,6 +87,8 @@ def _register() -> None:
                 import torch
             except ImportError:  # no torch: no tensors to move (Ray's own transports skip too)
                 _registered = True
+                rp._warn_once("rayaccel tensor transport: torch", "tensor_transport='rayaccel' is not registered: torch is "
+                              "not installed in this process (pip install torch), so Ray will call the name invalid")
                 return
             from .transport import RayaccelTransport
 
