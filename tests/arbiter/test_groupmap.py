@@ -89,15 +89,17 @@ def test_weakest_link():
 @pytest.mark.parametrize("bundles,busy,text", [
     ([], (), "no bundles"),
     ([{"GPU": 0.5}], (), "whole devices"),
-    ([{"GPU": -1}], (), "a number >= 0"),
-    ([{"GPU": True}], (), "a number >= 0"),
-    ([{"GPU": float("inf")}], (), "a number >= 0"),
+    ([{"GPU": -1}], (), "a number from 0 to"),
+    ([{"GPU": True}], (), "a number from 0 to"),
+    ([{"GPU": float("inf")}], (), "a number from 0 to"),
+    ([{"GPU": 1, "CPU": 10**400}], (), "bundle 0: CPU is"),
     ([{"TPU": 1}], (), "resource 'TPU'"),
     ([{"CPU": 1}], (), "no bundle holds a GPU"),
     ([{"GPU": 9}], (), "bundle 0 asks 9 GPU(s); dgx1-v100 has 8"),
     ([{"GPU": 2}] * 4, (0,), "the group asks 8 GPUs; dgx1-v100 has 7 free"),
     (["GPU"], (), "not an object"),
-], ids=["none", "fraction", "negative", "bool", "inf", "other resource", "no GPU", "too big", "too many", "not a dict"])
+], ids=["none", "fraction", "negative", "bool", "inf", "huge", "other resource", "no GPU", "too big", "too many",
+        "not a dict"])
 def test_bad_bundles_are_one_request_error(bundles, busy, text):
     with pytest.raises(RequestError) as e:
         dry_run(DGX1, bundles, busy)

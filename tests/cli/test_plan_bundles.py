@@ -56,7 +56,8 @@ def test_the_json_and_the_text_say_the_same():
         assert set(b) == live
         devs = ",".join(str(d["index"]) for d in b["devices"])
         if devs:
-            row = rf"│ {b['bundle']}\s+│ {re.escape(devs)}\s+│ {re.escape(b['link'])}\s+│ {re.escape(b['nics'][0])}"
+            row = (rf"│ {b['bundle']}\s+│ {re.escape(devs)}\s+│ {re.escape(b['link'])}\s+│ "
+                   rf"{re.escape(b['nics'][0])}")
         else:  # the why, folded in an 80-column table
             row = rf"│ {b['bundle']}\s+│ {re.escape(b['why'].split()[0])} "
         assert re.search(row, text), (row, text)
@@ -82,7 +83,8 @@ def test_group_size_4_keeps_each_tp_group_on_an_all_nvlink_quad():
     for g in ro["groups"]:
         quad = [d for b in g["bundles"] for d in devs[b]]
         assert len(quad) == 4 and g["scope"] == "nvlink island" and g["allreduce_bandwidth_gbps"] > 0
-        assert all(DGX1.link(a, b) is not None and DGX1.link(a, b).kind == "nvlink" for a in quad for b in quad if a < b)
+        assert all(DGX1.link(a, b) is not None and DGX1.link(a, b).kind == "nvlink"
+                   for a in quad for b in quad if a < b)
     text = " ".join(_plan("--bundles", "8x1", "--group-size", "4").split())  # titles fold at 80 columns
     assert f"order[r]): {ro['order']}; groups of 4 rank(s)" in text and "nvlink island" in text
 
@@ -104,12 +106,16 @@ ERRORS = [
     (["--bundles", "[1, 2]"], "--bundles: a JSON value that is not a list of objects"),
     (["--bundles", "[{\"GPU\": 0.5}]"], "--bundles: bundle 0 asks 0.5 GPU: the arbiter reserves whole devices"),
     (["--bundles", "[{\"TPU\": 1}]"], "--bundles: bundle 0: resource 'TPU' places no device in a dry run"),
+    (["--bundles", "[{\"GPU\": 1, \"memory\": 1%s}]" % ("0" * 400)], "--bundles: bundle 0: memory is '1000"),
+    (["--bundles", "[" * 4000], "--bundles: not valid JSON"),
     (["--bundles", "2000x1"], "--bundles: more than 1024 bundles; give at most 1024"),
     (["--bundles", "16"], "--bundles: bundle 0 asks 16 GPU(s); dgx1-v100 has 8 (Ray places a bundle on one node)"),
     (["--bundles", "5x2"], "--bundles: the group asks 10 GPUs; dgx1-v100 has 8 free"),
-    (["--bundles", "3x2", "--busy", "0-2"], "--bundles: the group asks 6 GPUs; dgx1-v100 has 5 free (8 in all, 3 busy)"),
+    (["--bundles", "3x2", "--busy", "0-2"],
+     "--bundles: the group asks 6 GPUs; dgx1-v100 has 5 free (8 in all, 3 busy)"),
     (["--bundles", "4x2", "--busy", "9"], "--busy: no device 9"),
-    (["--bundles", "3x1", "--group-size", "2"], "--group-size: 2 does not divide the group's 3 bundles; give one of 1, 3"),
+    (["--bundles", "3x1", "--group-size", "2"],
+     "--group-size: 2 does not divide the group's 3 bundles; give one of 1, 3"),
     (["--bundles", "2x1", "--group-size", "0"], "--group-size: 0 ranks per group; give a positive number"),
     (["--group-size", "4"], "--group-size orders the ranks of a placement group: give --bundles too"),
     (["--bundles", "4x2", "--gpus", "2"], "--gpus does not apply to --bundles"),

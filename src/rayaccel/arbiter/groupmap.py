@@ -43,6 +43,8 @@ DRY_RUN_KEY = "dry-run"
 DRY_RUN_PG = "dry-run"
 #: The pid of the holder that stands for the busy devices in :func:`dry_run` (alive, never a real process).
 BUSY_PID = -2
+#: The largest amount of a resource a dry run's bundle may name (memory in bytes included).
+MAX_AMOUNT = 1 << 53
 #: Ray's own resources a dry run's bundle may carry besides ``GPU`` (kept as given; they choose no device).
 OTHER_RESOURCES = ("CPU", "memory", "object_store_memory")
 
@@ -214,9 +216,9 @@ def dry_run(topology: NodeTopology, bundles: Sequence[Mapping[str, float]], busy
 
     Raises:
         RequestError: (field ``bundles``) no bundles, a resource other than ``GPU`` and
-            :data:`OTHER_RESOURCES`, a negative, fractional or non-finite amount, no bundle with a GPU, a
-            machine without a GPU pool, a bundle larger than that pool, or more GPUs than are free there; a ``spec`` of
-            another family than ``GPU``.
+            :data:`OTHER_RESOURCES`, an amount that is no number from 0 to :data:`MAX_AMOUNT`, a fractional
+            ``GPU``, no bundle with a GPU, a machine without a GPU pool, a bundle larger than that pool, or more
+            GPUs than are free there; a ``spec`` of another family than ``GPU``.
     """
     from ..topology import nvlink_domain
     from . import decide
@@ -266,6 +268,13 @@ def dry_run(topology: NodeTopology, bundles: Sequence[Mapping[str, float]], busy
     return PlacementMap(None, "", "STRICT_PACK", tuple(out)), why
 
 
+def _amount(v: Any) -> bool:
+    """A bundle's amount of a resource: a number (not a bool) from 0 to :data:`MAX_AMOUNT`."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return (isinstance(v, int) or math.isfinite(v)) and 0 <= v <= MAX_AMOUNT
+
+
 def _sizes(bundles: Sequence[Mapping[str, float]]) -> dict[int, int]:
     """``{bundle: GPUs}`` of the bundles that hold GPUs (see :func:`dry_run` for what is refused)."""
     if not bundles:
@@ -278,8 +287,8 @@ def _sizes(bundles: Sequence[Mapping[str, float]]) -> dict[int, int]:
             if k != GPU and k not in OTHER_RESOURCES:
                 raise RequestError(f"bundle {b}: resource {str(k)[:40]!r} places no device in a dry run", "bundles",
                                    f"{GPU}, and {', '.join(OTHER_RESOURCES)} carried as given")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise RequestError(f"bundle {b}: {k} is {str(v)[:40]!r}", "bundles", "a number >= 0")
+            if not _amount(v):
+                raise RequestError(f"bundle {b}: {k} is {str(v)[:40]!r}", "bundles", f"a number from 0 to {MAX_AMOUNT}")
         g = r.get(GPU, 0)
         if g != int(g):
             raise RequestError(f"bundle {b} asks {g:g} GPU: the arbiter reserves whole devices for a group (a "
@@ -292,5 +301,6 @@ def _sizes(bundles: Sequence[Mapping[str, float]]) -> dict[int, int]:
     return out
 
 
-__all__ = ["BUSY_PID", "DRY_RUN_KEY", "DRY_RUN_PG", "MAP_SCHEMA", "NO_GPU", "OTHER_RESOURCES", "BundlePlacement",
-           "DeviceSite", "PlacementMap", "bundle_placement", "bundle_units", "dry_run", "rank_sites", "weakest_link"]
+__all__ = ["BUSY_PID", "DRY_RUN_KEY", "DRY_RUN_PG", "MAP_SCHEMA", "MAX_AMOUNT", "NO_GPU", "OTHER_RESOURCES",
+           "BundlePlacement", "DeviceSite", "PlacementMap", "bundle_placement", "bundle_units", "dry_run", "rank_sites",
+           "weakest_link"]

@@ -93,7 +93,8 @@ def plan_cmd(
     if workers is not None or strategy != "pack" or svg is not None or png is not None:
         fail("--workers, --strategy, --svg and --png place a gang across nodes: give --cluster")
     if group_size is not None and bundles is None:
-        fail("--group-size orders the ranks of a placement group: give --bundles too (e.g. --bundles 8x1 --group-size 4)")
+        fail("--group-size orders the ranks of a placement group: give --bundles too "
+             "(e.g. --bundles 8x1 --group-size 4)")
     topo, warnings = load_topology_with_warnings(topology)
     for w in warnings:
         warn_line(w)
