@@ -130,6 +130,30 @@ def test_plan_options(machine, gpus, busy, mig, memory, shared, interconnect, fl
     invoke(args + (["--shared"] if shared else []) + flags)
 
 
+def _bundles():
+    """``--bundles`` values: NxK and count lists (good and bad), JSON lists of odd bundles, anything."""
+    n = st.integers(-2, 12) | st.just(10**12)
+    nxk = st.tuples(n, n).map(lambda t: f"{t[0]}x{t[1]}")
+    counts = st.lists(st.integers(0, 9).map(str) | nxk, min_size=1, max_size=6).map(",".join)
+    amount = st.one_of(st.integers(-2, 10), st.just(10**400), st.floats(), st.booleans(), st.none(), text,
+                       st.lists(st.integers(), max_size=2))
+    bundle = st.dictionaries(st.sampled_from(["GPU", "CPU", "memory", "TPU", ""]) | text, amount, max_size=3)
+    js = st.lists(bundle | st.integers() | text, max_size=10).map(json.dumps)
+    return st.one_of(nxk, counts, js, values, st.just("[" * 5000))
+
+
+@fuzz_settings(120, 5000)
+@given(machine=st.sampled_from(["dgx1-v100", "a100-mig", "hgx-h100", "trn1-32xlarge", "mi300x-8x"]),
+       bundles=_bundles(), busy=st.none() | _busy(), group=st.none() | st.integers(-2, 9) | values,
+       as_json=st.booleans())
+def test_plan_bundles(machine, bundles, busy, group, as_json):
+    args = ["plan", "-t", machine, "--bundles", bundles]
+    for opt, v in (("--busy", busy), ("--group-size", group)):
+        if v is not None:
+            args += [opt, str(v)]
+    invoke(args + (["--json"] if as_json else []))
+
+
 @fuzz_settings(120, 5000)
 @given(machine=st.sampled_from(["dgx1-v100", "hgx-h100", "a100-pcie-2x-nvbridge"]), a=values, b=values,
        nbytes=values, remote=st.none() | st.sampled_from(NAMES) | values, as_json=st.booleans())

@@ -59,15 +59,26 @@ def plan_cmd(
     nic: bool = typer.Option(False, "--nic", help="require an RDMA NIC near the set"),
     required: Optional[str] = typer.Option(None, "--required", help="devices the set must contain, e.g. 4,5"),
     near: Optional[str] = typer.Option(None, "--near", help="devices holding the input data (soft preference), e.g. 3"),
+    bundles: Optional[str] = typer.Option(None, "--bundles", "-b", help="a placement group's bundles, all on this "
+                                          "machine: NxK (N bundles of K GPUs, e.g. 4x2), GPU counts per bundle "
+                                          "(2,2,4 or 1x4,2x2) or a JSON list ('[{\"GPU\": 2}, {\"GPU\": 2}]'): "
+                                          "the placement map the node's arbiter would give the group, then its "
+                                          "rank order"),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="with --bundles: ranks per group "
+                                             "(tensor-parallel size) of the rank order (default 1)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Show the best devices for a request on a machine, and why (or why not); with --cluster, where a gang
-    of --workers x --gpus goes across nodes, NVLink domains and network levels."""
+    """Show the best devices for a request on a machine, and why (or why not); with --bundles, the placement map
+    the node's arbiter would give a placement group (devices, links, NICs, NUMA per bundle) and its rank order;
+    with --cluster, where a gang of --workers x --gpus goes across nodes, NVLink domains and network levels."""
     from ..discovery.load import load_topology_with_warnings
     from ..placement import plan
 
     if (topology is None) == (cluster is None):
         fail("give exactly one of --topology (one machine) or --cluster (a cluster spec file)")
+    if cluster is not None and (bundles is not None or group_size is not None):
+        fail(f"{'--bundles' if bundles is not None else '--group-size'} maps a placement group on one machine: give "
+             "--topology; with --cluster, place a gang with --workers N --gpus K")
     if cluster is not None:
         given = [f for f, v in (("--busy", busy), ("--mig", mig), ("--gpu-memory", gpu_memory), ("--required", required),
                                 ("--near", near)) if v] + (["--shared"] if shared else [])
@@ -81,9 +92,23 @@ def plan_cmd(
         return
     if workers is not None or strategy != "pack" or svg is not None or png is not None:
         fail("--workers, --strategy, --svg and --png place a gang across nodes: give --cluster")
+    if group_size is not None and bundles is None:
+        fail("--group-size orders the ranks of a placement group: give --bundles too "
+             "(e.g. --bundles 8x1 --group-size 4)")
     topo, warnings = load_topology_with_warnings(topology)
     for w in warnings:
         warn_line(w)
+    if bundles is not None:
+        from .plan_bundles import NOT_WITH_BUNDLES, plan_bundles
+
+        given = dict(zip(NOT_WITH_BUNDLES, (gpus is not None, mig, gpu_memory, shared, required, near,
+                                            interconnect != "any", same_numa, nic)))
+        clash = [f for f, v in given.items() if v]
+        if clash:
+            fail(f"{clash[0]} does not apply to --bundles: the arbiter reserves a placement group's devices by its "
+                 f"bundles alone; drop {clash[0]}, or drop --bundles to plan one request")
+        plan_bundles(topo, bundles, _indices(busy, "--busy", topo.indices), group_size, as_json)
+        return
     fields = dict(mig=mig, gpu_memory=gpu_memory, interconnect=interconnect, same_numa=same_numa, nic=nic,
                   exclusive=not shared)
     if required:

@@ -21,13 +21,14 @@ bundles on nodes rayaccel does not manage come back with their node and no devic
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
+from rayaccel.arbiter.groupmap import (MAP_SCHEMA, NO_GPU, BundlePlacement, DeviceSite, PlacementMap, bundle_placement,
+                                       rank_sites)
 from rayaccel.arbiter.state import GPU
 from rayaccel.errors import ClusterError, RequestError
 from rayaccel.placement.domains import NodePlace
-from rayaccel.placement.ranks import BundleSite, RankOrder, rank_order as _rank_order
+from rayaccel.placement.ranks import RankOrder, rank_order as _rank_order
 from rayaccel.ray.driver import view as views
 from rayaccel.ray.driver.places import place_of
 from rayaccel.ray.node.placemap import ANSWER_SCHEMA, reserve_here
@@ -36,84 +37,6 @@ from rayaccel.ray.node.placemap import ANSWER_SCHEMA, reserve_here
 READY_TIMEOUT_S = 60.0
 #: How long the reservation on one node may take (a fresh worker starts there), seconds.
 NODE_TIMEOUT_S = 60.0
-#: The format of :meth:`PlacementMap.to_dict` (``rayaccel status --placement-groups --json``).
-MAP_SCHEMA = "rayaccel.placement-map/1"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceSite:
-    """One device behind a bundle.
-
-    Attributes:
-        index: the device index on its node (what ``CUDA_VISIBLE_DEVICES`` names). uuid / model: or None.
-        mig: the MIG instance (UUID) when the bundle holds one, else None.
-    """
-
-    index: int
-    uuid: str | None = None
-    model: str | None = None
-    mig: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BundlePlacement:
-    """One bundle: where it is and what its workers will see.
-
-    Attributes:
-        bundle: its index. node_id / node_ip: its Ray node. node_key: the rayaccel node key (None: unmanaged).
-        resources: the bundle's resources as Ray holds them.
-        devices: the devices its workers will see, in the order they see them (empty: none known, see ``why``).
-        visible: the visible-devices variable's value (``CUDA_VISIBLE_DEVICES``) a whole member gets.
-        nics: the RDMA NICs next to the devices (UCX ``device:port``, as ``get_devices().nics``).
-        numa_nodes / cpus: the devices' NUMA nodes and NUMA-local CPUs (the affinity the hook sets).
-        nvlink_domain: the node's NVLink domain (``ray.io/gpu-domain``), or None.
-        why: why ``devices`` is empty, else None.
-    """
-
-    bundle: int
-    node_id: str
-    node_ip: str | None
-    node_key: str | None
-    resources: dict = field(default_factory=dict)
-    devices: tuple[DeviceSite, ...] = ()
-    visible: str | None = None
-    nics: tuple[str, ...] = ()
-    numa_nodes: tuple[int, ...] = ()
-    cpus: tuple[int, ...] = ()
-    nvlink_domain: str | None = None
-    why: str | None = None
-
-    @property
-    def indices(self) -> tuple[int, ...]:
-        """Device indices, in order."""
-        return tuple(d.index for d in self.devices)
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementMap:
-    """Every bundle of a placement group (:class:`BundlePlacement`, by bundle index)."""
-
-    pg_id: str
-    name: str
-    strategy: str
-    bundles: tuple[BundlePlacement, ...]
-
-    def __getitem__(self, bundle: int) -> BundlePlacement:
-        return self.bundles[bundle]
-
-    def __len__(self) -> int:
-        return len(self.bundles)
-
-    def to_dict(self) -> dict:
-        """JSON-ready form (:data:`MAP_SCHEMA`)."""
-        return {"schema": MAP_SCHEMA, "pg_id": self.pg_id, "name": self.name, "strategy": self.strategy,
-                "bundles": [{"bundle": b.bundle, "node_id": b.node_id, "node_ip": b.node_ip, "node_key": b.node_key,
-                             "resources": dict(b.resources),
-                             "devices": [{"index": d.index, "uuid": d.uuid, "model": d.model, "mig": d.mig}
-                                         for d in b.devices],
-                             "visible": b.visible, "nics": list(b.nics), "numa_nodes": list(b.numa_nodes),
-                             "cpus": list(b.cpus), "nvlink_domain": b.nvlink_domain, "why": b.why}
-                            for b in self.bundles]}
 
 
 def placement_map(pg: Any, timeout_s: float = READY_TIMEOUT_S) -> PlacementMap:
@@ -170,8 +93,7 @@ def rank_order(pg: Any, group_size: int = 1, timeout_s: float = READY_TIMEOUT_S)
     """
     m = placement_map(pg, timeout_s)
     managed = {v.node_id: v for v in views.view().nodes()}
-    sites = sorted((BundleSite(p.bundle, p.node_id, p.indices) for p in m.bundles),
-                   key=lambda s: (_ip_key(m.bundles[s.bundle].node_ip), s.node, s.bundle))
+    sites = rank_sites(m)
     topologies = {nid: v.topology for nid, v in managed.items()}
     places: dict[str, NodePlace] = {nid: place_of(v.labels, nid) for nid, v in managed.items()}
     return _rank_order(sites, group_size, topologies, places)
@@ -201,11 +123,6 @@ def placement_groups_status(timeout_s: float = 0.0) -> list[dict]:
                 row["error"] = str(err)
         rows.append(row)
     return rows
-
-
-def _ip_key(ip: str | None) -> tuple:
-    parts = (ip or "").split(".")
-    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) and len(parts) == 4 else (1 << 9, ip or "")
 
 
 def _pg_hex(pg: Any) -> str:
@@ -258,20 +175,12 @@ def _bundle(b: int, nid: str, ip: str | None, resources: dict, node: Any, answer
         return BundlePlacement(node_key=None, **base, why="its node is not managed by rayaccel: Ray's own GPU ids")
     domain = place_of(node.labels, nid).domain
     if not resources.get(GPU):
-        return BundlePlacement(node_key=node.node_key, nvlink_domain=domain, **base, why="the bundle holds no GPU")
+        return BundlePlacement(node_key=node.node_key, nvlink_domain=domain, **base, why=NO_GPU)
     got = (answer or {}).get("bundles", {}).get(b) or (answer or {}).get("bundles", {}).get(str(b))
     if not got:
         return BundlePlacement(node_key=node.node_key, nvlink_domain=domain, **base,
                                why=(answer or {}).get("why") or "its node's arbiter reserved nothing for it")
-    topo = node.topology
-    devs = []
-    for i in got["devices"]:
-        d = topo.device(i)
-        devs.append(DeviceSite(i, getattr(d, "uuid", None), getattr(d, "model", None), None))
-    numa = tuple(sorted({d.numa_node for d in (topo.device(i) for i in got["devices"]) if d.numa_node is not None}))
-    return BundlePlacement(node_key=node.node_key, devices=tuple(devs),
-                           visible=",".join(str(i) for i in got["devices"]), nics=tuple(got.get("nics", ())),
-                           numa_nodes=numa, cpus=tuple(got.get("cpus", ())), nvlink_domain=domain, **base)
+    return bundle_placement(b, nid, ip, node.node_key, resources, node.topology, got, domain)
 
 
 __all__ = ["MAP_SCHEMA", "BundlePlacement", "DeviceSite", "PlacementMap", "placement_groups_status", "placement_map",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
+from rayaccel.arbiter.groupmap import bundle_units
 from rayaccel.arbiter.state import GPU
 from rayaccel.errors import ClusterError
 from rayaccel.ray.worker import hook
@@ -67,13 +68,7 @@ def reserve_here(pg: str, bundles: Mapping[int, float], resource: str = GPU) -> 
         out["why"] = (f"the group's devices here were still held after {WAIT_S:g} s (workers exiting, or groups "
                       f"being removed); each member chooses at its grant")
         return out
-    device_of = t.resources[resource].device_of
-    for b, units in res.bundles.items():
-        devs = [d for d in (device_of.get(u) for u in units) if d is not None]
-        devs = list(dict.fromkeys(devs))
-        cpus = sorted({c for d in devs for c in t.cpus.get(d, ())})
-        nics = list(dict.fromkeys(n for d in devs for n in t.nics.get(d, ())))
-        out["bundles"][int(b)] = {"devices": devs, "units": list(units), "cpus": cpus, "nics": nics}
+    out["bundles"] = bundle_units(t, resource, res)
     return out
 
 
