@@ -117,6 +117,41 @@ def test_gang_members_of_two_gpus_get_nv2_pairs(tmp_path):
     assert [link(topo, *p) for p in pairs] == ["NV2", "NV2"]
 
 
+def test_bundles_take_the_best_split_of_the_set_not_only_a_rotation_of_its_ring():
+    """Six DGX-1 devices with 1 busy: every rotation of the best ring pairs one NV1, while the same six split
+    into three NV2 pairs (found by ``rayaccel plan --bundles 3x2 --busy 1``)."""
+    topo = catalog.load("dgx1-v100")
+    order = bundle_order(topo, [0, 3, 7, 6, 5, 4], [2, 2, 2])
+    assert sorted(order) == [0, 3, 4, 5, 6, 7]
+    assert [link(topo, *order[i:i + 2]) for i in (0, 2, 4)] == ["NV2", "NV2", "NV2"]
+
+
+def _weakest_in_bundles(topo, order, sizes):
+    worst, i = float("inf"), 0
+    for k in sizes:
+        part = order[i:i + k]
+        i += k
+        worst = min([worst, *(topo.bandwidth_gbps(a, b) for j, a in enumerate(part) for b in part[j + 1:])])
+    return worst
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_bundle_order_keeps_the_devices_and_is_never_worse_than_a_rotation(data):
+    topo = catalog.load(data.draw(st.sampled_from(["dgx1-v100", "pcie-8gpu-2socket", "hgx-h100"])))
+    devs = data.draw(st.permutations(list(topo.indices)))[:data.draw(st.integers(2, len(topo.indices)))]
+    sizes, left = [], len(devs)
+    while left:
+        k = data.draw(st.integers(1, left))
+        sizes.append(k)
+        left -= k
+    order = bundle_order(topo, list(devs), sizes)
+    assert sorted(order) == sorted(devs)
+    rotations = [devs[r:] + devs[:r] for r in range(len(devs))] + [devs[::-1][r:] + devs[::-1][:r]
+                                                                   for r in range(len(devs))]
+    assert _weakest_in_bundles(topo, order, sizes) >= max(_weakest_in_bundles(topo, o, sizes) for o in rotations) - 1e-9
+
+
 def test_reserved_devices_stay_free_for_late_members(tmp_path):
     node = Node(tmp_path)
     _, g0 = node._arrive([(0, 1.0)], pg="cd34", bundle=0, pg_bundles={0: 1.0, 1: 1.0})

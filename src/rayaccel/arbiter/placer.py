@@ -8,8 +8,9 @@ model, so the worker path (:mod:`.choose`) loads this module only when it needs 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..discovery.rayspec import RaySpec
 from ..placement import NodeState, Request, allocate
@@ -107,7 +108,60 @@ def bundle_order(topology: NodeTopology, order: list[int], sizes: list[int]) -> 
         is_best = rq[0] >= best_ring[0] - 1e-9 and rq[1] >= best_ring[1] - 1e-9
         return (bundle_q(o), is_best, o == sorted(o))
 
-    return list(max(variants, key=key))
+    best = max(variants, key=key)
+    split = _best_split(order, sizes, bundle_q)
+    if split is not None and bundle_q(split) > bundle_q(best):
+        # a split of the same devices no ring order gives (a ring of 6 on a DGX-1 with a device busy: its
+        # rotations pair one NV1, while three NV2 pairs exist among them): the best order of its bundles
+        best = max(_arrangements(split, sizes), key=lambda o: (ring_q(o), o == sorted(o)))
+    return list(best)
+
+
+#: Up to this many devices, :func:`bundle_order` also searches every split of the set into its bundles
+#: (8 devices in pairs: 105 splits; 8 in fours: 35), and every order of the best split's bundles.
+SPLIT_MAX = 8
+
+
+def _best_split(order: list[int], sizes: list[int], quality: Callable[[list[int]], tuple]) -> list[int] | None:
+    """The devices of ``order`` split into bundles of ``sizes`` (consecutive) with the best ``quality``, or None
+    when every bundle is one device or there are more than :data:`SPLIT_MAX` devices."""
+    if len(order) > SPLIT_MAX or all(k == 1 for k in sizes):
+        return None
+    best: list[int] | None = None
+    best_q: tuple = ()
+
+    def place(rest: tuple[int, ...], i: int, done: list[int]) -> None:
+        nonlocal best, best_q
+        if i == len(sizes):
+            q = quality(done)
+            if best is None or q > best_q:
+                best, best_q = list(done), q
+            return
+        k = sizes[i]
+        # bundles of the same size are interchangeable: the next one of a size takes the lowest device left
+        same = i > 0 and sizes[i - 1] == k
+        firsts = rest[:1] if same else rest
+        for a in firsts:
+            others = tuple(x for x in rest if x != a)
+            for more in itertools.combinations(others, k - 1):
+                left = tuple(x for x in others if x not in more)
+                place(left, i + 1, [*done, a, *more])
+
+    place(tuple(sorted(order)), 0, [])
+    return best
+
+
+def _arrangements(split: list[int], sizes: list[int]) -> Iterator[list[int]]:
+    """Every order of ``split``'s bundles (kept whole, each in either direction), as one device list."""
+    parts, i = [], 0
+    for k in sizes:
+        parts.append(tuple(split[i:i + k]))
+        i += k
+    for perm in itertools.permutations(range(len(parts))):
+        if any(sizes[j] != len(parts[p]) for j, p in enumerate(perm)):
+            continue  # a bundle keeps its size's place
+        for flips in itertools.product((False, True), repeat=len(parts)):
+            yield [d for p, f in zip(perm, flips) for d in (reversed(parts[p]) if f else parts[p])]
 
 
 def spec_of(fields: Mapping[str, Any]) -> RaySpec:
