@@ -250,14 +250,29 @@ class SimulatedCluster:
         raise ClusterError(f"no node {node_id_or_index!r} (nodes: {self.node_ids})")
 
     def add_node(self, topology: NodeTopology | str, *, plain: bool = False, labels: dict | None = None) -> str:
-        """Start one more node with ``topology`` (and extra Ray ``labels``); return its Ray node id."""
+        """Start one more node with ``topology`` (and extra Ray ``labels``); return its Ray node id once Ray's
+        per-node resources (what placement plans with) list it."""
         node = self._add(resolve_topology(topology), plain, _check_labels([labels], 1)[0])
         self._cluster.wait_for_nodes()
         if self._connected:
             self._publish(node)
-
+            self._wait_resources(node.node_id, present=True)
             view.view().invalidate()
         return node.node_id
+
+    def _wait_resources(self, node_id: str, present: bool, timeout_s: float = 30.0) -> None:
+        """Wait until Ray's per-node resource view (what placement reads) has ``node_id`` (or no longer has it):
+        it follows the node table by a report (seconds on Ray 2.48), and a plan made in between misses the node."""
+        import time
+
+        def listed() -> bool:
+            if present:  # both views: placement reads what is free, and checks the node's record against its totals
+                return node_id in rp.available_resources_per_node() and node_id in rp.total_resources_per_node()
+            return node_id in rp.available_resources_per_node()
+
+        deadline = time.monotonic() + timeout_s
+        while listed() != present and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def remove_node(self, node: str | int) -> None:
         """Kill a (non-head) node's raylet and workers, as a node failure would.
@@ -271,6 +286,8 @@ class SimulatedCluster:
         self._cluster.remove_node(n.handle, allow_graceful=False)
         agent.stop(n.agent)  # it would exit by itself once its raylet is gone
         self.nodes.remove(n)
+        if self._connected:
+            self._wait_resources(n.node_id, present=False)
         if self._connected and n.managed:
             kv.delete(n.node_key)
             view.view().invalidate()
