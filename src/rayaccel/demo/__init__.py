@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import catalog
+from ..arbiter.groupmap import weakest_link
 from ..errors import ClusterError
 from ..placement import allreduce_bandwidth_gbps
 from ..ray.driver.cluster import SimulatedCluster
@@ -58,16 +59,6 @@ def _side(plain: bool, storage: str, log: Callable[[str], None]) -> dict[str, An
 
 def _first(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-
-
-def _weakest(topo: Any, devices: list[int]) -> str:
-    worst = None
-    for i, a in enumerate(devices):
-        for b in devices[i + 1:]:
-            l = topo.link(min(a, b), max(a, b))
-            if l is not None and (worst is None or l.rank < worst.rank):
-                worst = l
-    return worst.label if worst else "-"
 
 
 def run_demo(out: str | Path | None = None, quick: bool = False,
@@ -121,7 +112,7 @@ def _run(out: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
         for side, r in (("rayaccel", a), ("ray", b)):
             devs = r.get("gpus") or []
             if len(devs) > 1 and not job.startswith("serve"):  # replicas are independent: no collective
-                r["link"] = _weakest(topo, devs)
+                r["link"] = weakest_link(topo, devs) or "-"
                 r["bandwidth_gbps"] = round(allreduce_bandwidth_gbps(topo, devs), 1)
         rows.append(row)
     multi = [r for r in rows if "bandwidth_gbps" in r["rayaccel"]]
