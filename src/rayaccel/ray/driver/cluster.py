@@ -176,10 +176,11 @@ class SimulatedCluster:
         if plain:
             topo, preset = given(topo, self.env)
             # what plain Ray counts: the devices, or the MIG instances a preset names by UUID
-            base.update(num_gpus=node_resources(topo, mig_gpus=preset.mig_gpus)[0], env_vars=dict(self.env) or None)
+            num_gpus, res = node_resources(topo, mig_gpus=preset.mig_gpus)
+            base.update(num_gpus=num_gpus, env_vars=dict(self.env) or None)
             spec = node_spec(topo)
             if spec is not None and spec.resource != "GPU":  # what Ray's manager would count on that hardware
-                base["resources"] = {spec.resource: node_resources(topo)[1].get(spec.resource, 0.0)}
+                base["resources"] = {spec.resource: res.get(spec.resource, 0.0)}
             if labels:
                 base["labels"] = dict(labels)
             return base, None, None
