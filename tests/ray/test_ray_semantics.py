@@ -135,45 +135,35 @@ def test_a_task_asking_for_the_whole_preset_gets_all_of_it(pair):
     wait_idle(c)
 
 
-def test_two_half_gpu_actors_share_one_id(pair):
+def _two_actors(num_gpus: float):
+    """What two ``num_gpus`` actors, alive together on node ``n``, each see: for :func:`_both`."""
     import ray
-
-    c, preset, _ = pair
 
     class A:
         def seen(self):
             return _seen()
 
     def two(n):
-        actors = [ray.remote(A).options(**_on(n, num_gpus=0.5, num_cpus=0)).remote() for _ in range(2)]
+        actors = [ray.remote(A).options(**_on(n, num_gpus=num_gpus, num_cpus=0)).remote() for _ in range(2)]
         out = ray.get([a.seen.remote() for a in actors])
         for a in actors:
             ray.kill(a)
         return out
 
-    plain, managed = _both(c, two)
+    return two
+
+
+def test_two_half_gpu_actors_share_one_id(pair):
+    c, preset, _ = pair
+    plain, managed = _both(c, _two_actors(0.5))
     assert plain[0][0] == plain[1][0] and managed[0][0] == managed[1][0], (plain, managed)
     assert [_shape(s, preset) for s in managed] == [_shape(s, preset) for s in plain]
     wait_idle(c)
 
 
 def test_one_gpu_actors_alive_together_get_different_ids(pair):
-    import ray
-
     c, preset, _ = pair
-
-    class A:
-        def seen(self):
-            return _seen()
-
-    def two(n):
-        actors = [ray.remote(A).options(**_on(n, num_gpus=1, num_cpus=0)).remote() for _ in range(2)]
-        out = ray.get([a.seen.remote() for a in actors])
-        for a in actors:
-            ray.kill(a)
-        return out
-
-    plain, managed = _both(c, two)
+    plain, managed = _both(c, _two_actors(1))
     assert plain[0][0] != plain[1][0] and managed[0][0] != managed[1][0], (plain, managed)
     assert [_shape(s, preset) for s in managed] == [_shape(s, preset) for s in plain]
     wait_idle(c)
